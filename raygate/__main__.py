@@ -1,0 +1,5 @@
+import sys
+
+from raygate.cli import main
+
+sys.exit(main())

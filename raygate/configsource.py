@@ -1,0 +1,84 @@
+"""The live config: watched from ConfigMap raygate-config and hot-reloaded.
+
+An invalid new version is rejected field by field (a log line, a Warning Event on the ConfigMap,
+a metric) and the last good config keeps serving. A missing ConfigMap means the defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from raygate import events, keys
+from raygate.informer import Informer
+from raygate.kube import CONFIGMAPS, JSON, Kube
+from raygate.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+
+log = logging.getLogger("raygate.config")
+
+
+class ConfigSource:
+    def __init__(self, kube: Kube | None, namespace: str = keys.SYSTEM_NAMESPACE,
+                 on_result: Callable[[list[str]], None] | None = None) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self._config = DEFAULT_CONFIG
+        self.loaded = threading.Event()
+        self.last_error: list[str] = []
+        self.generation = 0
+        self.seen_version = ""  # resourceVersion of the newest ConfigMap version handled, good or bad
+        self._on_result = on_result  # called with the problems, [] when a version was accepted
+        self._informer: Informer | None = None
+
+    @property
+    def config(self) -> RaygateConfig:
+        return self._config  # swapped atomically; readers never see a half-built config
+
+    def start(self) -> ConfigSource:
+        if self.kube is None:
+            self.loaded.set()
+            return self
+        self._informer = Informer(
+            self.kube, CONFIGMAPS, namespace=self.namespace,
+            field_selector=f"metadata.name={keys.CONFIGMAP_NAME}", handler=self._on_event,
+        ).start()
+        self._informer.synced.wait(30)
+        if self._informer.synced.is_set() and not self._informer.items():
+            self.loaded.set()  # no ConfigMap: the defaults are the config
+        return self
+
+    def set_text(self, text: str, source: JSON | None = None) -> bool:
+        """Validate and swap in a new config; keep the old one when it is invalid."""
+        try:
+            cfg = parse_config(text)
+        except ConfigError as err:
+            self.last_error = err.problems
+            log.error("config rejected; the last good config keeps serving",
+                      extra={"configmap": f"{self.namespace}/{keys.CONFIGMAP_NAME}", "problems": err.problems})
+            if self._on_result:
+                self._on_result(err.problems)
+            if source is not None and self.kube is not None:
+                rv = (source.get("metadata") or {}).get("resourceVersion", "0")
+                events.record(
+                    self.kube, {**source, "apiVersion": "v1", "kind": "ConfigMap"}, "InvalidConfig",
+                    "raygate-config rejected, the previous config stays in force: " + "; ".join(err.problems),
+                    warning=True, name=f"{keys.CONFIGMAP_NAME}.invalid.{rv}",
+                )
+            return False
+        self._config = cfg
+        self.last_error = []
+        if self._on_result:
+            self._on_result([])
+        self.generation += 1
+        log.info("config loaded", extra={"configmap": f"{self.namespace}/{keys.CONFIGMAP_NAME}",
+                                         "generation": self.generation})
+        return True
+
+    def _on_event(self, kind: str, obj: JSON) -> None:
+        if kind == "DELETED":
+            log.warning("config deleted; keeping the last good config")
+            return
+        self.set_text(str((obj.get("data") or {}).get(keys.CONFIGMAP_KEY, "")), obj)
+        self.seen_version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        self.loaded.set()  # even a rejected first version counts: the defaults then serve

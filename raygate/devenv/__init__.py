@@ -1,0 +1,1 @@
+"""The local control plane: Kubernetes binaries built from pinned Go modules, started on loopback."""

@@ -1,0 +1,387 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and,
+optionally, the KubeRay operator, with the pinned CRDs installed server-side.
+
+One class serves `raygate dev up|down|env` and the pytest session fixture, so the tests run on the
+same control plane a developer starts by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from certs import pki
+from raygate.devenv.build import Bundle
+from raygate.errors import RaygateError
+
+SERVICE_CIDR = "10.96.0.0/16"
+STATE_FILE = "state.json"
+ADMIN_USER = "raygate-dev-admin"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_free(port: int, what: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise RaygateError(
+                f"port {port} on 127.0.0.1 for {what} is already in use: stop what listens there "
+                "or choose another port"
+            ) from None
+    return port
+
+
+@dataclass
+class State:
+    apiserver_port: int
+    etcd_port: int
+    etcd_peer_port: int
+    pids: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z":
+            return False
+    return True
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:400] if lines else "no log output"
+
+
+class ControlPlane:
+    """Processes, certificates and a kubeconfig under `workdir`; `down` removes every process."""
+
+    def __init__(self, workdir: Path, bundle: Bundle) -> None:
+        self.workdir = workdir.resolve()
+        self.bundle = bundle
+        self.pki = self.workdir / "pki"
+        self.logs = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "kubeconfig"
+
+    # --- state ---------------------------------------------------------------------------------
+    def _state_path(self) -> Path:
+        return self.workdir / STATE_FILE
+
+    def load_state(self) -> State | None:
+        try:
+            return State(**json.loads(self._state_path().read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _save(self, state: State) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_path().with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self._state_path())
+
+    @property
+    def server(self) -> str:
+        state = self.load_state()
+        if state is None:
+            raise RaygateError(f"no control plane in {self.workdir}: run `raygate dev up` first")
+        return f"https://127.0.0.1:{state.apiserver_port}"
+
+    def running(self) -> bool:
+        state = self.load_state()
+        if state is None or not state.pids:
+            return False
+        return all(_alive(p) for p in state.pids.values()) and self._ready(state)
+
+    # --- certificates --------------------------------------------------------------------------
+    def _write_pki(self) -> None:
+        self.pki.mkdir(parents=True, exist_ok=True)
+        year = dt.timedelta(days=365)
+        ca = pki.make_ca("raygate-dev-ca", year)
+        serving = pki.make_leaf(
+            ca,
+            "kube-apiserver",
+            year,
+            sans=["127.0.0.1", "localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                  "10.96.0.1"],
+        )
+        admin = pki.make_leaf(
+            ca, ADMIN_USER, year, organizations=["system:masters"], server=False, client=True
+        )
+        sa_key, sa_pub = pki.make_signing_key()
+        files = {
+            "ca.crt": ca.cert_pem,
+            "ca.key": ca.key_pem,
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "admin.crt": admin.cert_pem,
+            "admin.key": admin.key_pem,
+            "sa.key": sa_key,
+            "sa.pub": sa_pub,
+        }
+        for name, data in files.items():
+            path = self.pki / name
+            path.write_bytes(data)
+            path.chmod(0o600)
+
+    def _write_kubeconfig(self, port: int) -> None:
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "raygate-dev",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{port}",
+                        "certificate-authority": str(self.pki / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": ADMIN_USER,
+                    "user": {
+                        "client-certificate": str(self.pki / "admin.crt"),
+                        "client-key": str(self.pki / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [{"name": "raygate-dev", "context": {"cluster": "raygate-dev", "user": ADMIN_USER}}],
+            "current-context": "raygate-dev",
+        }
+        # JSON is valid YAML, and every kubeconfig reader accepts it.
+        self.kubeconfig.write_text(json.dumps(cfg, indent=2))
+        self.kubeconfig.chmod(0o600)
+
+    # --- processes -----------------------------------------------------------------------------
+    def spawn(self, state: State, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.workdir,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group, so `down` can stop children too
+        )
+        log.close()
+        state.pids[name] = proc.pid
+        self._save(state)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def _ready(self, state: State) -> bool:
+        try:
+            url = f"https://127.0.0.1:{state.apiserver_port}/readyz"
+            with urllib.request.urlopen(url, context=self._ssl_context(), timeout=2) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError, ssl.SSLError):
+            return False
+
+    def wait_for(self, state: State, name: str, check: object, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _alive(state.pids[name]):
+                raise RaygateError(f"{name} exited during start-up: {_last_line(self.logs / f'{name}.log')}")
+            if callable(check) and check():
+                return
+            time.sleep(0.2)
+        raise RaygateError(f"{name} was not ready after {timeout:.0f}s: {_last_line(self.logs / f'{name}.log')}")
+
+    def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run(
+            [str(self.bundle.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise RaygateError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[:500]}")
+        return proc.stdout
+
+    def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True) -> State:
+        if not self.bundle.complete:
+            raise RaygateError(
+                f"the control-plane binaries are not built in {self.bundle.root}: run `make cluster-bins`"
+            )
+        existing = self.load_state()
+        if existing is not None and self.running():
+            if kuberay and "kuberay-operator" not in existing.pids:
+                self.start_kuberay(existing)
+            if log:
+                print(f"dev: control plane already running at https://127.0.0.1:{existing.apiserver_port}")
+            return existing
+        if existing is not None:
+            self.down(log=False)  # stale or half-started: clear it before starting again
+        t0 = time.monotonic()
+        state = State(
+            apiserver_port=require_free(apiserver_port, "kube-apiserver") if apiserver_port else free_port(),
+            etcd_port=free_port(),
+            etcd_peer_port=free_port(),
+        )
+        self._save(state)
+        try:
+            self._start(state, kuberay=kuberay)
+        except BaseException:
+            self.down(log=False)
+            raise
+        if log:
+            print(f"dev: control plane ready at https://127.0.0.1:{state.apiserver_port} "
+                  f"in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
+        return state
+
+    def _start(self, state: State, *, kuberay: bool) -> None:
+        self._write_pki()
+        self._write_kubeconfig(state.apiserver_port)
+        etcd_data = self.workdir / "etcd"
+        etcd_url = f"http://127.0.0.1:{state.etcd_port}"
+        peer_url = f"http://127.0.0.1:{state.etcd_peer_port}"
+        self.spawn(state, "etcd", [
+            str(self.bundle.binary("etcd")),
+            f"--data-dir={etcd_data}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--unsafe-no-fsync=true",  # throwaway data: skip fsync for speed
+            "--log-level=warn",
+        ])
+        b = self.bundle.binary
+        p = self.pki
+        self.spawn(state, "kube-apiserver", [
+            str(b("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={state.apiserver_port}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            f"--service-account-key-file={p / 'sa.pub'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            f"--cert-dir={p}",
+            "--v=0",
+        ])
+        self.wait_for(state, "etcd", lambda: True, 1)
+        self.wait_for(state, "kube-apiserver", lambda: self._ready(state), 60)
+        self.spawn(state, "kube-controller-manager", [
+            str(b("kube-controller-manager")),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--leader-elect=false",
+            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller",
+            f"--root-ca-file={p / 'ca.crt'}",
+            f"--service-account-private-key-file={p / 'sa.key'}",
+            "--concurrent-gc-syncs=5",
+        ])
+        self.install_crds()
+        if kuberay:
+            self.start_kuberay(state)
+
+    def install_crds(self) -> None:
+        # Server-side: the KubeRay CRDs exceed the annotation size limit of client-side apply.
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.bundle.crd_dir))
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+
+    def start_kuberay(self, state: State | None = None, *extra_args: str) -> None:
+        state = state or self.load_state()
+        if state is None:
+            raise RaygateError("start the control plane before the KubeRay operator")
+        self.spawn(
+            state,
+            "kuberay-operator",
+            [
+                str(self.bundle.binary("kuberay-operator")),
+                "--metrics-addr=0",
+                "--health-probe-bind-address=0",
+                "--enable-leader-election=false",
+                *extra_args,
+            ],
+            env={"KUBECONFIG": str(self.kubeconfig)},
+        )
+        time.sleep(0.5)
+        self.wait_for(state, "kuberay-operator", lambda: True, 1)
+
+    def stop_process(self, name: str, state: State | None = None) -> None:
+        state = state or self.load_state()
+        if state is None or name not in state.pids:
+            return
+        _terminate(state.pids.pop(name))
+        self._save(state)
+
+    def _owns(self, pid: int) -> bool:
+        """Guard against a recycled pid: only stop processes started from this bundle or workdir."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            return False
+        return str(self.bundle.root) in cmdline or str(self.workdir) in cmdline or "raygate" in cmdline
+
+    def down(self, *, log: bool = True) -> None:
+        state = self.load_state()
+        if state is None:
+            if log:
+                print(f"dev: nothing running in {self.workdir}")
+            return
+        # Reverse start order: operators first, etcd last.
+        for name in reversed(list(state.pids)):
+            if self._owns(state.pids[name]):
+                _terminate(state.pids[name])
+        self._state_path().unlink(missing_ok=True)
+        if log:
+            print(f"dev: stopped {', '.join(reversed(list(state.pids))) or 'nothing'}")
+
+
+def _terminate(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not _alive(pid):
+                return
+            time.sleep(0.05)

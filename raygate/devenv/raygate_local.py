@@ -1,0 +1,108 @@
+"""raygate itself on the local control plane: the webhook under gunicorn with a generated
+certificate, registered by URL, and the reconciler, both as local processes that `down` stops."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from certs import pki
+from raygate import keys
+from raygate.devenv.controlplane import ControlPlane, free_port
+from raygate.errors import RaygateError
+from webhook.registration import configurations
+
+DEMO_NAMESPACE = "demo"
+
+
+@dataclass
+class LocalWebhook:
+    url: str
+    ca_file: Path
+
+    def readyz(self) -> tuple[int, dict[str, str]]:
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=2) as resp:
+                return int(resp.status), dict(resp.headers)
+        except urllib.error.HTTPError as err:
+            return int(err.code), dict(err.headers)
+        except (OSError, urllib.error.URLError):
+            return 0, {}
+
+    def wait_config_version(self, version: str, timeout: float = 20) -> None:
+        """Wait until the webhook serves ConfigMap version `version` (its /readyz says which it has)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, headers = self.readyz()
+            if status == 200 and headers.get("X-Raygate-Config-Version") == version:
+                return
+            time.sleep(0.1)
+        raise RaygateError(f"the webhook did not load config version {version} within {timeout:.0f}s")
+
+
+def _write_tls(dir_: Path) -> tuple[Path, Path, Path]:
+    dir_.mkdir(parents=True, exist_ok=True)
+    ca = pki.make_ca("raygate-local-webhook-ca", dt.timedelta(days=30))
+    leaf = pki.make_leaf(ca, "raygate-webhook", dt.timedelta(days=30), sans=["127.0.0.1", "localhost"])
+    paths = (dir_ / "ca.crt", dir_ / "tls.crt", dir_ / "tls.key")
+    for path, data in zip(paths, (ca.cert_pem, leaf.cert_pem, leaf.key_pem), strict=True):
+        path.write_bytes(data)
+        path.chmod(0o600)
+    return paths
+
+
+def ensure_system_namespace(cp: ControlPlane) -> None:
+    if not cp.kubectl("get", "namespace", keys.SYSTEM_NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        cp.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE)
+
+
+def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, register: bool = True,
+                  failure_policy: str = "Fail", name: str = "raygate-webhook") -> LocalWebhook:
+    state = cp.load_state()
+    if state is None:
+        raise RaygateError("start the control plane before the webhook")
+    ensure_system_namespace(cp)
+    ca_file, cert_file, key_file = _write_tls(cp.workdir / name)
+    port = free_port()
+    cp.spawn(state, name, [
+        sys.executable, "-m", "raygate", "webhook", "--bind", "127.0.0.1", "--port", str(port),
+        "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file), "--kubeconfig", str(cp.kubeconfig),
+        "--namespace", keys.SYSTEM_NAMESPACE, "--workers", str(workers), "--threads", str(threads),
+        "--worker-tmp-dir", str(cp.workdir / name),
+    ])
+    hook = LocalWebhook(f"https://127.0.0.1:{port}", ca_file)
+    cp.wait_for(state, name, lambda: hook.readyz()[0] == 200, 30)
+    if register:
+        for obj in configurations(hook.url, ca_file.read_bytes(), failure_policy):
+            cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
+    return hook
+
+
+def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler") -> None:
+    state = cp.load_state()
+    if state is None:
+        raise RaygateError("start the control plane before the reconciler")
+    ensure_system_namespace(cp)
+    cp.spawn(state, name, [
+        sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
+        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0", *extra,
+    ])
+
+
+def start_raygate(cp: ControlPlane) -> LocalWebhook:
+    """`raygate dev up --raygate`: webhook + reconciler, and namespace `demo` opted in."""
+    hook = start_webhook(cp)
+    start_reconciler(cp)
+    if not cp.kubectl("get", "namespace", DEMO_NAMESPACE, "--ignore-not-found", "-o", "name").strip():
+        cp.kubectl("create", "namespace", DEMO_NAMESPACE)
+    cp.kubectl("label", "namespace", DEMO_NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}", "--overwrite")
+    print(f"dev: raygate webhook at {hook.url}, reconciler running; namespace {DEMO_NAMESPACE} opted in")
+    return hook

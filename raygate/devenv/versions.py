@@ -1,0 +1,54 @@
+"""Pinned upstream versions for the local control plane and the CRDs.
+
+KubeRay is pinned to v1.6.2: the module proxy this project builds from refuses the v1.7.x zips
+("module version is not available"). k8s.io/kubernetes v1.36.4 is the newest 1.36 release the
+checksum database vouches for here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+K8S_VERSION = "v1.36.4"
+K8S_STAGING_VERSION = "v0.36.4"  # k8s.io/<staging module> tags that match K8S_VERSION
+ETCD_VERSION = "v3.6.16"
+KUBERAY_VERSION = "v1.6.2"
+KUEUE_VERSION = "v0.19.2"
+VOLCANO_VERSION = "v1.15.1"
+# The ProvisioningRequest API module has no release tags; this is the commit Kueue v0.19.2 pins.
+AUTOSCALER_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
+GO_MIN = (1, 26)
+
+K8S_MODULE = "k8s.io/kubernetes"
+ETCD_MODULE = "go.etcd.io/etcd/server/v3"
+KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+VOLCANO_MODULE = "volcano.sh/volcano"
+AUTOSCALER_APIS_MODULE = "k8s.io/autoscaler/cluster-autoscaler/apis"
+
+
+def bundle_id() -> str:
+    return "-".join(
+        [
+            f"k8s{K8S_VERSION}",
+            f"etcd{ETCD_VERSION}",
+            f"kuberay{KUBERAY_VERSION}",
+            f"kueue{KUEUE_VERSION}",
+            f"volcano{VOLCANO_VERSION}",
+            f"ca{AUTOSCALER_APIS_VERSION[-12:]}",
+        ]
+    )
+
+
+def cache_root() -> Path:
+    """Outside the repository, so fresh clones and CI on the same machine reuse the build."""
+    explicit = os.environ.get("RAYGATE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "raygate"
+
+
+def bundle_dir() -> Path:
+    return cache_root() / bundle_id()

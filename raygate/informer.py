@@ -1,0 +1,172 @@
+"""List, then watch from the list's resourceVersion, keeping a local store current.
+
+Bookmarks keep the resourceVersion fresh; 410 Gone (or an expired version) relists; dropped
+connections reconnect with capped exponential backoff; a periodic resync replays the store so
+level-triggered handlers see every object again even if an event was missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raygate.kube import JSON, ApiError, Kube, Resource
+
+log = logging.getLogger("raygate.informer")
+
+Key = tuple[str, str]  # (namespace, name)
+Handler = Callable[[str, JSON], None]  # (event type: ADDED, MODIFIED, DELETED, SYNC), object
+
+
+def key_of(obj: JSON) -> Key:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class Informer:
+    def __init__(
+        self,
+        kube: Kube,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        handler: Handler | None = None,
+        resync_seconds: float = 300.0,
+        watch_timeout: int = 300,
+        page_size: int = 500,
+    ) -> None:
+        self.kube = kube
+        self.resource = resource
+        self.namespace = namespace
+        self.selectors = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        self.handler = handler
+        self.resync_seconds = resync_seconds
+        self.watch_timeout = watch_timeout
+        self.page_size = page_size
+        self._store: dict[Key, JSON] = {}
+        self._lock = threading.Lock()
+        self.synced = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.relists = 0
+
+    # --- store ------------------------------------------------------------------------------
+    def get(self, namespace: str, name: str) -> JSON | None:
+        with self._lock:
+            return self._store.get((namespace, name))
+
+    def items(self) -> list[JSON]:
+        with self._lock:
+            return list(self._store.values())
+
+    def _emit(self, kind: str, obj: JSON) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler(kind, obj)
+        except Exception:  # a handler bug must not kill the watch
+            log.exception("informer handler failed", extra={"resource": self.resource.plural})
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Informer:
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.resource.plural}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self.synced.wait(timeout)
+
+    def _list(self) -> str:
+        items: dict[Key, JSON] = {}
+        cont: str | None = None
+        rv = ""
+        while True:
+            page = self.kube.list(self.resource, self.namespace, limit=self.page_size, **{"continue": cont},
+                                  **self.selectors)
+            for obj in page.get("items") or []:
+                items[key_of(obj)] = obj
+            meta = page.get("metadata") or {}
+            rv = str(meta.get("resourceVersion") or rv)
+            cont = meta.get("continue") or None
+            if not cont:
+                break
+        with self._lock:
+            gone = [o for k, o in self._store.items() if k not in items]
+            self._store = items
+        for obj in gone:
+            self._emit("DELETED", obj)
+        for obj in items.values():
+            self._emit("SYNC", obj)
+        self.relists += 1
+        return rv
+
+    def _apply(self, event: dict[str, Any]) -> str | None:
+        """Apply one watch event; return its resourceVersion, or None when a relist is needed."""
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if kind == "BOOKMARK":
+            return rv
+        if kind == "ERROR":
+            code = obj.get("code")
+            log.info("watch error, relisting", extra={"resource": self.resource.plural, "code": code})
+            return None
+        k = key_of(obj)
+        with self._lock:
+            if kind == "DELETED":
+                self._store.pop(k, None)
+            else:
+                self._store[k] = obj
+        self._emit(str(kind), obj)
+        return rv
+
+    def _run(self) -> None:
+        backoff = 0.5
+        rv: str | None = None
+        last_resync = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._list()
+                    self.synced.set()
+                    last_resync = time.monotonic()
+                for event in self.kube.watch(self.resource, self.namespace, timeout_seconds=self.watch_timeout,
+                                             resourceVersion=rv, **self.selectors):
+                    if self._stop.is_set():
+                        return
+                    new_rv = self._apply(event)
+                    if new_rv is None:
+                        rv = None
+                        break
+                    rv = new_rv or rv
+                    backoff = 0.5
+                    if time.monotonic() - last_resync > self.resync_seconds:
+                        self.resync()
+                        last_resync = time.monotonic()
+                if rv is not None and time.monotonic() - last_resync > self.resync_seconds:
+                    self.resync()
+                    last_resync = time.monotonic()
+            except ApiError as err:
+                if err.gone:
+                    rv = None  # our resourceVersion is too old: relist
+                    continue
+                log.warning("watch failed, retrying", extra={"resource": self.resource.plural, "error": str(err),
+                                                            "retry_in": backoff})
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            except Exception as err:  # never let the watch thread die
+                log.exception("watch loop error", extra={"resource": self.resource.plural, "error": str(err)})
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def resync(self) -> None:
+        for obj in self.items():
+            self._emit("SYNC", obj)

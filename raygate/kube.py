@@ -1,0 +1,262 @@
+"""A small raw-JSON Kubernetes client over urllib3.
+
+The `kubernetes` package is used for what it does well, loading kubeconfig or in-cluster
+credentials (with token refresh); requests go straight over urllib3 and are parsed with orjson,
+because its generated models cost far more CPU and memory than plain dicts and its watch helper
+hides resourceVersion and bookmark handling that a level-triggered controller must own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import orjson
+import urllib3
+
+from raygate.errors import RaygateError
+
+JSON = dict[str, Any]
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace)}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name)}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
+EVENTS = Resource("", "v1", "events", "Event")
+PODS = Resource("", "v1", "pods", "Pod")
+PODTEMPLATES = Resource("", "v1", "podtemplates", "PodTemplate")
+SECRETS = Resource("", "v1", "secrets", "Secret")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+RAYJOBS = Resource("ray.io", "v1", "rayjobs", "RayJob")
+RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
+PODGROUPS = Resource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
+VOLCANO_QUEUES = Resource("scheduling.volcano.sh", "v1beta1", "queues", "Queue", namespaced=False)
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
+    namespaced=False,
+)
+VALIDATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
+    namespaced=False,
+)
+
+
+def provisioning_requests(version: str) -> Resource:
+    return Resource("autoscaling.x-k8s.io", version, "provisioningrequests", "ProvisioningRequest")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Mapping[str, Any] | None, method: str, path: str) -> None:
+        self.status = status
+        self.body = dict(body or {})
+        self.reason = str(self.body.get("reason", ""))
+        self.message = str(self.body.get("message", "")) or f"HTTP {status}"
+        super().__init__(f"{method} {path}: {status} {self.reason}: {self.message}")
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409 and self.reason != "AlreadyExists"
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+class Kube:
+    """Authenticated JSON requests against one API server; counts requests by method."""
+
+    def __init__(self, configuration: Any, *, user_agent: str = "raygate", pool_size: int = 8) -> None:
+        self._conf = configuration
+        self.host = str(configuration.host).rstrip("/")
+        kwargs: dict[str, Any] = {"maxsize": pool_size, "retries": False}
+        if self.host.startswith("https"):
+            kwargs["cert_reqs"] = "CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE"
+            if configuration.ssl_ca_cert:
+                kwargs["ca_certs"] = configuration.ssl_ca_cert
+            if configuration.cert_file:
+                kwargs["cert_file"] = configuration.cert_file
+                kwargs["key_file"] = configuration.key_file
+        self._http = urllib3.PoolManager(**kwargs)
+        self._user_agent = user_agent
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()
+        self.impersonate: str | None = None
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, *, user_agent: str = "raygate") -> Kube:
+        """In-cluster credentials when running in a pod, else the kubeconfig (or $KUBECONFIG)."""
+        from kubernetes import client, config
+
+        conf = client.Configuration()
+        try:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+            else:
+                try:
+                    config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+                except config.ConfigException:
+                    config.load_kube_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError, TypeError) as err:
+            raise RaygateError(
+                f"no Kubernetes credentials: {err}; pass --kubeconfig or set KUBECONFIG"
+            ) from None
+        return cls(conf, user_agent=user_agent)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+        if content_type:
+            headers["Content-Type"] = content_type
+        for setting in self._conf.auth_settings().values():  # refreshes in-cluster tokens
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        if self.impersonate:
+            headers["Impersonate-User"] = self.impersonate
+        return headers
+
+    def _url(self, path: str, query: Mapping[str, Any] | None) -> str:
+        q = {k: ("true" if v is True else "false" if v is False else v) for k, v in (query or {}).items()
+             if v is not None}
+        return self.host + path + (("?" + urlencode(q)) if q else "")
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float = 30.0,
+    ) -> JSON:
+        data = orjson.dumps(body) if body is not None and not isinstance(body, bytes) else body
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        with self._lock:
+            self.requests[method] += 1
+        try:
+            resp = self._http.request(
+                method, self._url(path, query), body=data, headers=self._headers(content_type),
+                timeout=urllib3.Timeout(connect=5.0, read=timeout), preload_content=True,
+            )
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, method, path) from None
+        try:
+            parsed = orjson.loads(resp.data) if resp.data else {}
+        except orjson.JSONDecodeError:
+            parsed = {"message": resp.data[:300].decode(errors="replace")}
+        if resp.status >= 400:
+            raise ApiError(resp.status, parsed if isinstance(parsed, dict) else {}, method, path)
+        return parsed if isinstance(parsed, dict) else {}
+
+    @property
+    def writes(self) -> int:
+        return sum(n for m, n in self.requests.items() if m in WRITE_METHODS)
+
+    # --- verbs -------------------------------------------------------------------------------
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
+        return self.request("GET", res.path(namespace, name))
+
+    def list(self, res: Resource, namespace: str | None = None, **query: Any) -> JSON:
+        return self.request("GET", res.path(namespace), query=query)
+
+    def create(self, res: Resource, obj: Mapping[str, Any], namespace: str | None = None) -> JSON:
+        body = {"apiVersion": res.api_version, "kind": res.kind, **obj}
+        return self.request("POST", res.path(namespace), body=body, query={"fieldManager": "raygate"})
+
+    def patch(
+        self, res: Resource, name: str, patch: Any, namespace: str | None = None, *,
+        content_type: str = MERGE_PATCH, sub: str | None = None,
+    ) -> JSON:
+        return self.request(
+            "PATCH", res.path(namespace, name, sub), body=patch, content_type=content_type,
+            query={"fieldManager": "raygate"},
+        )
+
+    def replace(self, res: Resource, name: str, obj: Mapping[str, Any], namespace: str | None = None) -> JSON:
+        return self.request("PUT", res.path(namespace, name), body=obj, query={"fieldManager": "raygate"})
+
+    def delete(self, res: Resource, name: str, namespace: str | None = None, *, missing_ok: bool = True,
+               propagation: str = "Background") -> None:
+        try:
+            self.request("DELETE", res.path(namespace, name), body={"propagationPolicy": propagation})
+        except ApiError as err:
+            if not (missing_ok and err.not_found):
+                raise
+
+    def served(self, group: str, version: str) -> bool:
+        try:
+            self.request("GET", f"/apis/{group}/{version}")
+        except ApiError as err:
+            if err.not_found:
+                return False
+            raise
+        return True
+
+    def watch(self, res: Resource, namespace: str | None = None, *, timeout_seconds: int = 300,
+              **query: Any) -> Iterator[JSON]:
+        """Stream watch events (dicts with type and object) until the server ends the watch."""
+        q = {"watch": True, "allowWatchBookmarks": True, "timeoutSeconds": timeout_seconds, **query}
+        with self._lock:
+            self.requests["WATCH"] += 1
+        try:
+            resp = self._http.request(
+                "GET", self._url(res.path(namespace), q), headers=self._headers(None),
+                timeout=urllib3.Timeout(connect=5.0, read=timeout_seconds + 30), preload_content=False,
+            )
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, "WATCH", res.path(namespace)) \
+                from None
+        try:
+            if resp.status >= 400:
+                raise ApiError(resp.status, orjson.loads(resp.read() or b"{}"), "WATCH", res.path(namespace))
+            buf = b""
+            for chunk in resp.stream(64 * 1024, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield orjson.loads(line)
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, "WATCH", res.path(namespace)) \
+                from None
+        finally:
+            resp.release_conn()

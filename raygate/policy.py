@@ -1,0 +1,275 @@
+"""The admin's policy: ConfigMap `raygate-config`, key `config.yaml`, parsed into strict models.
+
+Unknown keys are rejected, fields are camelCase, and every error names its field path, so an admin
+sees exactly what to change. Per-namespace overrides are merged over `defaults` and validated as a
+whole, so a bad override is reported under `namespaces.<name>.<field>`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cached_property
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from raygate import keys, quantity
+
+PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
+
+
+class Mode(StrEnum):
+    PROVISIONING = "provisioning"
+    VOLCANO = "volcano"
+    KUEUE = "kueue"
+
+
+class CapacityRevokedAction(StrEnum):
+    REQUEUE = "Requeue"  # suspend the job again and ask for capacity anew
+    REPORT = "Report"  # keep running; record an Event and the reason
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True
+    )
+
+
+class RetryPolicy(_Strict):
+    """Backoff between ProvisioningRequest attempts: min(base * 2**(attempt-1), max) seconds."""
+
+    limit: int = Field(3, ge=0, le=100, description="New attempts after the first fails; then state Failed.")
+    base_seconds: float = Field(10.0, gt=0, description="Delay before the first retry.")
+    max_seconds: float = Field(600.0, gt=0, description="Upper bound of the delay.")
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.base_seconds * 2 ** max(attempt - 1, 0), self.max_seconds))
+
+
+class ProvisioningPolicy(_Strict):
+    enabled: bool | None = Field(
+        None,
+        description="Create ProvisioningRequests for GPU pod sets. Default: on in provisioning mode, off in "
+        "volcano mode; never in kueue mode (use Kueue's ProvisioningRequest admission check there).",
+    )
+    class_name: str = Field(keys.CHECK_CAPACITY_CLASS, min_length=1, description="provisioningClassName.")
+    parameters: dict[str, str] = Field(
+        default_factory=dict, description="spec.parameters (values at most 255 characters)."
+    )
+    provisioned_timeout_seconds: float = Field(
+        1800.0, gt=0, description="A request Accepted but not Provisioned for this long is retried."
+    )
+    capacity_revoked: CapacityRevokedAction = Field(
+        CapacityRevokedAction.REPORT, description="What to do when CapacityRevoked turns True after admission."
+    )
+
+    @field_validator("parameters")
+    @classmethod
+    def _short_values(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if len(value) > keys.PROVREQ_MAX_PARAM_LEN:
+                raise ValueError(f"parameter {name!r} is longer than {keys.PROVREQ_MAX_PARAM_LEN} characters")
+        return v
+
+
+class NamespacePolicy(_Strict):
+    """What raygate does in one namespace."""
+
+    mode: Mode = Field(Mode.PROVISIONING, description="provisioning, volcano or kueue.")
+    queue_name: str | None = Field(None, description="Kueue LocalQueue or Volcano Queue for jobs here.")
+    priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class.")
+    allow_user_queue: bool = Field(False, description="Keep a queue or priority label the user set.")
+    managed_resources: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu"],
+        min_length=1,
+        description="Pod sets requesting any of these go into the ProvisioningRequest.",
+    )
+    provisioning: ProvisioningPolicy = Field(default_factory=ProvisioningPolicy)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    max_gang: dict[str, str] | None = Field(
+        None, description="Largest gang allowed, per resource (e.g. nvidia.com/gpu: \"64\"); larger is refused."
+    )
+    fix_shutdown_after_job_finishes: bool = Field(
+        False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
+    )
+
+    @field_validator("max_gang")
+    @classmethod
+    def _quantities(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for name, q in (v or {}).items():
+            try:
+                quantity.parse(q)
+            except quantity.QuantityError as err:
+                raise ValueError(f"{name}: {err}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _kueue_owns_provisioning(self) -> NamespacePolicy:
+        if self.mode is Mode.KUEUE and self.provisioning.enabled:
+            raise ValueError(
+                "kueue mode cannot use raygate's own ProvisioningRequests (provisioning.enabled: true); "
+                "configure Kueue's ProvisioningRequest admission check instead"
+            )
+        return self
+
+    @property
+    def provisions(self) -> bool:
+        if self.provisioning.enabled is not None:
+            return self.provisioning.enabled
+        return self.mode is Mode.PROVISIONING
+
+    @property
+    def holds(self) -> bool:
+        """raygate suspends and unsuspends the job itself (everything but kueue mode)."""
+        return self.mode is not Mode.KUEUE
+
+    def max_gang_quantities(self) -> quantity.Resources:
+        return {k: quantity.parse(v) for k, v in (self.max_gang or {}).items()}
+
+
+class SelectorRequirement(_Strict):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        match self.operator:
+            case "In":
+                return present and labels[self.key] in self.values
+            case "NotIn":
+                return not present or labels[self.key] not in self.values
+            case "Exists":
+                return present
+            case _:
+                return not present
+
+
+class LabelSelector(_Strict):
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[SelectorRequirement] = Field(default_factory=list)
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        return all(labels.get(k) == v for k, v in self.match_labels.items()) and all(
+            r.matches(labels) for r in self.match_expressions
+        )
+
+
+def _default_selector() -> LabelSelector:
+    return LabelSelector(match_labels={keys.OPT_IN_LABEL: keys.OPT_IN_VALUE})
+
+
+class RaygateConfig(_Strict):
+    """The whole of `config.yaml`."""
+
+    namespace_selector: LabelSelector = Field(
+        default_factory=_default_selector,
+        description="Namespaces raygate acts in; kube-system and raygate-system are always excluded.",
+    )
+    trusted_users: list[str] = Field(
+        default_factory=lambda: [
+            f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"
+        ],
+        description="Users allowed to change a held job's suspend flag and raygate's labels.",
+    )
+    failure_policy: Literal["Fail", "Ignore"] = Field(
+        "Fail", description="Webhook failurePolicy written into the webhook configurations."
+    )
+    defaults: NamespacePolicy = Field(default_factory=NamespacePolicy)
+    namespaces: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-namespace overrides of any `defaults` field."
+    )
+
+    @field_validator("namespace_selector")
+    @classmethod
+    def _never_kube_system(cls, v: LabelSelector) -> LabelSelector:
+        for ns in sorted(PROTECTED_NAMESPACES):
+            if v.matches({"kubernetes.io/metadata.name": ns}):
+                raise ValueError(
+                    f"this selector matches {ns}; select opted-in namespaces by a label such as "
+                    f"{keys.OPT_IN_LABEL}: {keys.OPT_IN_VALUE}"
+                )
+        return v
+
+    @cached_property
+    def _policies(self) -> dict[str, NamespacePolicy]:
+        # Merged once per config object (configs are immutable; a reload builds a new one).
+        return {ns: merge_override(self.defaults, o) for ns, o in self.namespaces.items()}
+
+    def policy_for(self, namespace: str) -> NamespacePolicy:
+        return self._policies.get(namespace, self.defaults)
+
+    def opted_in(self, namespace: str, labels: dict[str, str] | None) -> bool:
+        """The in-code check behind the webhook's namespaceSelector (in case that is misconfigured).
+
+        `labels` is None when the namespace cache has not seen the namespace yet; the API server
+        only calls us for namespaces its selector matched, so a just-created namespace counts.
+        """
+        if namespace in PROTECTED_NAMESPACES:
+            return False
+        if labels is None:
+            return True
+        return self.namespace_selector.matches({"kubernetes.io/metadata.name": namespace, **labels})
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def merge_override(defaults: NamespacePolicy, override: dict[str, Any]) -> NamespacePolicy:
+    base = defaults.model_dump(by_alias=True, exclude_none=True)
+    return NamespacePolicy.model_validate(_deep_merge(base, override))
+
+
+class ConfigError(ValueError):
+    """An invalid config, with one `path: message` line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _problems(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[str]:
+    out = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in (*prefix, *e["loc"])) or "(root)"
+        msg = e["msg"].removeprefix("Value error, ")
+        out.append(f"{path}: {msg}")
+    return out
+
+
+def parse_config(text: str) -> RaygateConfig:
+    """Parse and fully validate `config.yaml`; raise ConfigError naming every bad field."""
+    try:
+        raw = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as err:
+        raise ConfigError([f"config.yaml is not valid YAML: {err}".replace("\n", " ")]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(["config.yaml must be a mapping with keys such as defaults and namespaces"])
+    try:
+        cfg = RaygateConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_problems(err)) from None
+    problems: list[str] = []
+    for ns, override in cfg.namespaces.items():
+        if ns in PROTECTED_NAMESPACES:
+            problems.append(f"namespaces.{ns}: raygate never acts in {ns}; remove this entry")
+            continue
+        if not isinstance(override, dict):
+            problems.append(f"namespaces.{ns}: must be a mapping of fields from defaults")
+            continue
+        try:
+            merge_override(cfg.defaults, override)
+        except ValidationError as err:
+            problems.extend(_problems(err, ("namespaces", ns)))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+DEFAULT_CONFIG = RaygateConfig()

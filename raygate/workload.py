@@ -1,0 +1,295 @@
+"""One place that knows how RayJobs and RayClusters are shaped: their pod sets, where their pod
+templates live, how they are suspended, and the gang they need.
+
+Everything here is pure: it reads a manifest (a dict as the API server returns it) and never
+performs I/O. Both the webhook and the reconciler use it, so they can never disagree on a gang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from raygate import keys
+from raygate import quantity as q
+
+Path = tuple[str | int, ...]
+Obj = Mapping[str, Any]
+
+
+class ManifestError(ValueError):
+    """The manifest cannot be read; the message names the field and what to change."""
+
+
+@dataclass(frozen=True)
+class PodSet:
+    name: str  # Volcano task name: headgroup, <worker group name>, submittergroup
+    count: int  # pods
+    per_pod: q.Resources  # the scheduler's effective request of one pod
+    template_path: Path | None  # where its pod template lives in the object (None: KubeRay's default)
+    in_min_member: bool = True  # the K8sJobMode submitter waits for the cluster, so it is not
+
+    @property
+    def total(self) -> q.Resources:
+        return {k: v * self.count for k, v in self.per_pod.items()}
+
+    def requests_any(self, names: list[str]) -> bool:
+        return any(self.per_pod.get(n, Decimal(0)) > 0 for n in names)
+
+
+@dataclass(frozen=True)
+class Gang:
+    pod_sets: tuple[PodSet, ...]
+
+    @property
+    def min_member(self) -> int:
+        return sum(p.count for p in self.pod_sets if p.in_min_member)
+
+    @property
+    def min_task_member(self) -> dict[str, int]:
+        return {p.name: p.count for p in self.pod_sets if p.in_min_member and p.count > 0}
+
+    @property
+    def min_resources(self) -> q.Resources:
+        return q.total(p.total for p in self.pod_sets)
+
+    def managed_pod_sets(self, managed: list[str]) -> list[PodSet]:
+        return [p for p in self.pod_sets if p.count > 0 and p.requests_any(managed)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "minMember": self.min_member,
+            "minResources": q.render(self.min_resources),
+            "podSets": [{"name": p.name, "count": p.count, "resources": q.render(p.per_pod)} for p in self.pod_sets],
+        }
+
+
+# --- reading fields -------------------------------------------------------------------------------
+
+def get(obj: Any, path: Path, default: Any = None) -> Any:
+    cur = obj
+    for part in path:
+        if isinstance(part, int):
+            if not isinstance(cur, list) or part >= len(cur):
+                return default
+        elif not isinstance(cur, Mapping) or part not in cur:
+            return default
+        cur = cur[part]
+    return cur
+
+
+def _where(path: Path) -> str:
+    return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path).replace(".[", "[")
+
+
+def _mapping(obj: Any, path: Path, *, required: bool = False) -> Mapping[str, Any]:
+    value = get(obj, path)
+    if value is None:
+        if required:
+            raise ManifestError(f"{_where(path)} is missing")
+        return {}
+    if not isinstance(value, Mapping):
+        raise ManifestError(f"{_where(path)} must be an object")
+    return value
+
+
+def _list(obj: Any, path: Path) -> list[Any]:
+    value = get(obj, path)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ManifestError(f"{_where(path)} must be a list")
+    return value
+
+
+def _int(obj: Any, path: Path, default: int) -> int:
+    value = get(obj, path)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ManifestError(f"{_where(path)} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _resources(spec: Any, path: Path) -> q.Resources:
+    """A container's request per resource: requests[r], or limits[r] where no request is given."""
+    res = _mapping(spec, path)
+    out: q.Resources = {}
+    for field in ("limits", "requests"):  # requests win over limits
+        for name, value in _mapping(res, (field,)).items():
+            try:
+                out[name] = q.parse(value)
+            except q.QuantityError as err:
+                raise ManifestError(f"{_where((*path, field, name))}: {err}") from None
+    return out
+
+
+def pod_request(template: Any, path: Path) -> q.Resources:
+    """The Kubernetes scheduler's effective pod request for a pod template.
+
+    Regular containers and native sidecars (init containers with restartPolicy Always) add up;
+    each ordinary init container runs alone beside the sidecars started before it, so the pod
+    needs the larger of the two; pod overhead comes on top.
+    """
+    spec = _mapping(template, ("spec",))
+    total: q.Resources = {}
+    for i, _ in enumerate(_list(spec, ("containers",))):
+        total = q.add(total, _resources(spec, ("containers", i, "resources")))
+    sidecars: q.Resources = {}
+    init_peak: q.Resources = {}
+    for i, c in enumerate(_list(spec, ("initContainers",))):
+        req = _resources(spec, ("initContainers", i, "resources"))
+        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
+            total = q.add(total, req)
+            sidecars = q.add(sidecars, req)
+            init_peak = q.maximum(init_peak, sidecars)
+        else:
+            init_peak = q.maximum(init_peak, q.add(req, sidecars))
+    total = q.maximum(total, init_peak)
+    overhead: q.Resources = {}
+    for name, value in _mapping(spec, ("overhead",)).items():
+        try:
+            overhead[name] = q.parse(value)
+        except q.QuantityError as err:
+            raise ManifestError(f"{_where((*path, 'spec', 'overhead', name))}: {err}") from None
+    return q.add(total, overhead)
+
+
+def _parse_all(values: Mapping[str, str]) -> q.Resources:
+    return {k: q.parse(v) for k, v in values.items()}
+
+
+# --- the two kinds ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """A RayJob or a RayCluster, seen through what gang admission needs."""
+
+    obj: Obj
+
+    @property
+    def kind(self) -> str:
+        return str(self.obj.get("kind", ""))
+
+    @property
+    def is_job(self) -> bool:
+        return self.kind == keys.RAYJOB_KIND
+
+    @property
+    def name(self) -> str:
+        return str(get(self.obj, ("metadata", "name"), "") or get(self.obj, ("metadata", "generateName"), ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(get(self.obj, ("metadata", "namespace"), ""))
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return _mapping(self.obj, ("metadata", "labels"))
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return _mapping(self.obj, ("metadata", "annotations"))
+
+    @property
+    def cluster_spec_path(self) -> Path:
+        return ("spec", "rayClusterSpec") if self.is_job else ("spec",)
+
+    @property
+    def cluster_spec(self) -> Mapping[str, Any]:
+        return _mapping(self.obj, self.cluster_spec_path)
+
+    @property
+    def suspended(self) -> bool:
+        return get(self.obj, ("spec", "suspend")) is True
+
+    @property
+    def pod_group_name(self) -> str:
+        # The name KubeRay's own Volcano integration uses, so the two can never create two groups.
+        return f"ray-{self.name}-pg"
+
+    @property
+    def submission_mode(self) -> str:
+        return str(get(self.obj, ("spec", "submissionMode")) or "K8sJobMode")
+
+    @property
+    def autoscaling(self) -> bool:
+        return get(self.cluster_spec, ("enableInTreeAutoscaling",)) is True
+
+    def worker_groups(self) -> list[tuple[int, Mapping[str, Any]]]:
+        groups = _list(self.cluster_spec, ("workerGroupSpecs",))
+        for i, g in enumerate(groups):
+            if not isinstance(g, Mapping):
+                raise ManifestError(f"{_where((*self.cluster_spec_path, 'workerGroupSpecs', i))} must be an object")
+        return list(enumerate(groups))
+
+    def template_paths(self) -> list[tuple[str, Path]]:
+        """(task name, path) of every pod template raygate may annotate, submitter included."""
+        base = self.cluster_spec_path
+        out = [(keys.HEAD_GROUP_TASK, (*base, "headGroupSpec", "template"))]
+        for i, g in self.worker_groups():
+            out.append((str(g.get("groupName", f"group-{i}")), (*base, "workerGroupSpecs", i, "template")))
+        if self.is_job and self.submission_mode == "K8sJobMode" and get(self.obj, ("spec", "submitterPodTemplate")):
+            out.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
+        return out
+
+    def gang(self) -> Gang:
+        """Head + worker groups (+ submitter), with the undercounts of KubeRay's own rule fixed."""
+        base = self.cluster_spec_path
+        head_path = (*base, "headGroupSpec", "template")
+        if not isinstance(get(self.obj, head_path), Mapping):
+            raise ManifestError(f"{_where(head_path)} is missing: a Ray cluster needs a head pod template")
+        head = pod_request(get(self.obj, head_path), head_path)
+        if self.autoscaling:
+            opts = (*base, "autoscalerOptions", "resources")
+            sidecar = _resources(self.obj, opts) or _parse_all(keys.AUTOSCALER_DEFAULT_RESOURCES)
+            head = q.add(head, sidecar)
+        if self.is_job and self.submission_mode == "SidecarMode":
+            head = q.add(head, _parse_all(keys.SUBMITTER_DEFAULT_REQUESTS))
+        sets = [PodSet(keys.HEAD_GROUP_TASK, 1, head, head_path)]
+        for i, g in self.worker_groups():
+            path = (*base, "workerGroupSpecs", i)
+            if g.get("suspend") is True:
+                continue
+            lo = _int(g, ("minReplicas",), 0)
+            hi = _int(g, ("maxReplicas",), keys.MAX_REPLICAS_DEFAULT)
+            if lo > hi:
+                raise ManifestError(f"{_where(path)}: minReplicas {lo} is larger than maxReplicas {hi}")
+            # The autoscaler starts a group at minReplicas; otherwise replicas, clamped to [min, max].
+            replicas = lo if self.autoscaling else min(max(_int(g, ("replicas",), lo), lo), hi)
+            hosts = _int(g, ("numOfHosts",), 1) or 1
+            template = get(g, ("template",))
+            if not isinstance(template, Mapping):
+                raise ManifestError(f"{_where((*path, 'template'))} is missing")
+            name = g.get("groupName")
+            if not isinstance(name, str) or not name:
+                raise ManifestError(f"{_where((*path, 'groupName'))} must be a non-empty string")
+            sets.append(PodSet(name, replicas * hosts, pod_request(template, (*path, "template")), (*path, "template")))
+        if self.is_job and self.submission_mode == "K8sJobMode":
+            tpl_path: Path = ("spec", "submitterPodTemplate")
+            tpl = get(self.obj, tpl_path)
+            if isinstance(tpl, Mapping):
+                sets.append(PodSet(keys.SUBMITTER_TASK, 1, pod_request(tpl, tpl_path), tpl_path, in_min_member=False))
+            else:
+                default = _parse_all(keys.SUBMITTER_DEFAULT_REQUESTS)
+                sets.append(PodSet(keys.SUBMITTER_TASK, 1, default, None, in_min_member=False))
+        return Gang(tuple(sets))
+
+    def finished(self) -> bool:
+        """A RayJob that reached a terminal state; its capacity booking can go."""
+        if not self.is_job:
+            return False
+        status = _mapping(self.obj, ("status",))
+        return status.get("jobDeploymentStatus") in {"Complete", "Failed"} or status.get("jobStatus") in {
+            "SUCCEEDED", "FAILED", "STOPPED"
+        }
+
+
+def owned_by_rayjob(obj: Obj) -> bool:
+    refs = get(obj, ("metadata", "ownerReferences")) or []
+    if isinstance(refs, list) and any(isinstance(r, Mapping) and r.get("kind") == keys.RAYJOB_KIND for r in refs):
+        return True
+    labels = get(obj, ("metadata", "labels")) or {}
+    return isinstance(labels, Mapping) and labels.get(keys.ORIGINATED_FROM_CRD_LABEL) == keys.RAYJOB_KIND

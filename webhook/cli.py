@@ -1,0 +1,52 @@
+"""`raygate webhook`: serve the admission webhook."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from raygate import keys
+from raygate.errors import RaygateError
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "webhook",
+        help="serve the admission webhook (gunicorn, TLS)",
+        description="Serve /mutate, /validate, /healthz, /readyz and /metrics over TLS with gunicorn gthread workers.",
+    )
+    p.add_argument("--port", type=int, default=keys.WEBHOOK_PORT, help="TLS port (default: %(default)s)")
+    p.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: %(default)s)")
+    p.add_argument("--tls-cert-file", required=True, help="serving certificate (PEM); reloaded when it changes")
+    p.add_argument("--tls-key-file", required=True, help="private key of the serving certificate (PEM)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=8, help="threads per worker (default: %(default)s)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE", keys.SYSTEM_NAMESPACE),
+        help="namespace of the raygate-config ConfigMap (default: $POD_NAMESPACE or %(default)s)",
+    )
+    p.add_argument("--worker-tmp-dir", default=None, help="writable directory for worker heartbeats and metrics")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    for flag, path in (("--tls-cert-file", args.tls_cert_file), ("--tls-key-file", args.tls_key_file)):
+        if not Path(path).is_file():
+            raise RaygateError(
+                f"{flag} {path} does not exist: run `raygate certs ensure --out-dir DIR` or mount the Secret"
+            )
+    from raygate.kube import Kube
+    from webhook.server import ServerOptions, serve
+
+    Kube.connect(args.kubeconfig)  # fail here with one clear line rather than in every worker
+    serve(
+        ServerOptions(
+            cert_file=args.tls_cert_file, key_file=args.tls_key_file, bind=args.bind, port=args.port,
+            workers=args.workers, threads=args.threads, kubeconfig=args.kubeconfig, namespace=args.namespace,
+            log_level=args.log_level, worker_tmp_dir=args.worker_tmp_dir,
+        )
+    )
+    return 0

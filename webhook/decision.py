@@ -1,0 +1,210 @@
+"""The admission decision: a pure function of (request, namespace labels, config).
+
+No I/O here: the namespace labels and the config come from caches the server keeps current, so
+a review is answered in microseconds and `dryRun` behaves exactly like a real request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from types import ModuleType
+from typing import Any
+
+from raygate import keys
+from raygate import quantity as q
+from raygate.policy import Mode, NamespacePolicy, RaygateConfig
+from raygate.workload import Gang, ManifestError, Workload, get, owned_by_rayjob
+from webhook.modes import kueue, provisioning, volcano
+from webhook.patch import PatchBuilder, PatchOp
+from webhook.review import AdmissionRequest
+
+MODES: dict[Mode, ModuleType] = {Mode.PROVISIONING: provisioning, Mode.VOLCANO: volcano, Mode.KUEUE: kueue}
+RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    outcome: str  # for metrics and logs: mutated, unchanged, skipped-*, refused, denied
+    patch: list[PatchOp] = field(default_factory=list)
+    message: str | None = None
+    code: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    gang: Gang | None = None
+    mode: Mode | None = None
+
+
+def allow(outcome: str, message: str | None = None) -> Decision:
+    return Decision(allowed=True, outcome=outcome, message=message)
+
+
+def refuse(message: str, *, code: int = 422, mode: Mode | None = None) -> Decision:
+    return Decision(allowed=False, outcome="refused", message=message, code=code, mode=mode)
+
+
+def _skip_reason(w: Workload) -> str | None:
+    if w.kind == keys.RAYCLUSTER_KIND and owned_by_rayjob(w.obj):
+        return "skipped-owned-by-rayjob"  # its RayJob was gang-admitted already
+    if w.is_job and get(w.obj, ("spec", "clusterSelector")) and not get(w.obj, ("spec", "rayClusterSpec")):
+        return "skipped-cluster-selector"  # runs on an existing cluster: there is no gang to admit
+    if keys.MODE_ANNOTATION in w.annotations:
+        return "unchanged"  # mutated before: re-invocation must change nothing
+    return None
+
+
+def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warnings: list[str]) -> list[str]:
+    if not w.is_job:
+        return []
+    out = []
+    if get(w.obj, ("spec", "clusterSelector")):
+        out.append(
+            "spec.clusterSelector and spec.rayClusterSpec cannot be used together: remove clusterSelector "
+            "to run on a new gang-admitted cluster, or rayClusterSpec to use an existing cluster"
+        )
+    if get(w.obj, ("spec", "shutdownAfterJobFinishes")) is not True:
+        if policy.fix_shutdown_after_job_finishes:
+            b.set(("spec", "shutdownAfterJobFinishes"), True)
+            warnings.append(
+                "raygate set spec.shutdownAfterJobFinishes: true, because KubeRay fails a RayJob that is "
+                "created suspended without it; the cluster is deleted when the job finishes"
+            )
+        else:
+            out.append(
+                "spec.shutdownAfterJobFinishes must be true: raygate creates RayJobs suspended until their "
+                "capacity is provisioned, and KubeRay fails a suspended RayJob without it. "
+                "Add `shutdownAfterJobFinishes: true` to spec"
+            )
+    return out
+
+
+def _max_gang_refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    out = []
+    need = gang.min_resources
+    for name, limit in sorted(policy.max_gang_quantities().items()):
+        if need.get(name, Decimal(0)) > limit:
+            out.append(
+                f"the gang needs {q.format_quantity(need[name], binary=q.is_binary(name))} {name} but "
+                f"namespace {w.namespace} allows at most {q.format_quantity(limit, binary=q.is_binary(name))} "
+                "(maxGang in raygate-config): reduce replicas or per-pod requests"
+            )
+    return out
+
+
+def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+    """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason."""
+    obj = request.get("object")
+    if request.get("operation") != "CREATE" or not isinstance(obj, dict):
+        return allow("skipped-operation")
+    w = Workload(obj)
+    if w.kind not in RAY_KINDS:
+        return allow("skipped-kind")
+    namespace = request.get("namespace") or w.namespace
+    if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
+        return allow("skipped-namespace")
+    skip = _skip_reason(w)
+    if skip:
+        return allow(skip)
+    policy = config.policy_for(namespace)
+    mode_rules = MODES[policy.mode]
+    b = PatchBuilder(obj)
+    warnings: list[str] = []
+    try:
+        problems = _rayjob_refusals(w, policy, b, warnings)
+        gang = w.gang()
+        problems += mode_rules.refusals(w, policy, gang)
+        problems += _max_gang_refusals(w, policy, gang)
+    except ManifestError as err:
+        return refuse(f"raygate cannot read this {w.kind}: {err}", mode=policy.mode)
+    if problems:
+        return refuse(f"raygate refused {w.kind} {w.name}: " + "; ".join(problems), mode=policy.mode)
+    mode_rules.apply(b, w, policy, gang)
+    b.set(("metadata", "annotations", keys.MODE_ANNOTATION), policy.mode.value)
+    return Decision(
+        allowed=True, outcome="mutated", patch=b.ops, warnings=warnings, gang=gang, mode=policy.mode
+    )
+
+
+# --- the validating guard -------------------------------------------------------------------------
+
+def _guarded_keys(meta: Mapping[str, Any] | None) -> dict[str, Any]:
+    """raygate's own labels and annotations plus the queue labels it decides on."""
+    queue_keys = {keys.KUEUE_QUEUE_LABEL, keys.KUEUE_PRIORITY_LABEL, keys.VOLCANO_QUEUE_LABEL,
+                  keys.RAY_PRIORITY_CLASS_LABEL}
+    out: dict[str, Any] = {}
+    for kind in ("labels", "annotations"):
+        for k, v in ((meta or {}).get(kind) or {}).items():
+            if k.startswith(keys.DOMAIN + "/") or k in queue_keys:
+                out[f"{kind[:-1]} {k}"] = v
+    return out
+
+
+_SCHEDULING_ANNOTATIONS = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION,
+                           keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
+
+
+def _scheduling_metadata(w: Workload) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for _, path in w.template_paths():
+        out[f"{path} schedulerName"] = get(w.obj, (*path, "spec", "schedulerName"))
+        for a in _SCHEDULING_ANNOTATIONS:
+            out[f"{path} {a}"] = get(w.obj, (*path, "metadata", "annotations", a))
+    return out
+
+
+def _guard_update(old: Workload, new: Workload) -> list[str]:
+    changed = []
+    if old.suspended and not new.suspended:
+        changed.append("unsuspend it")
+    before, after = _guarded_keys(old.obj.get("metadata")), _guarded_keys(new.obj.get("metadata"))
+    for k in sorted(set(before) | set(after)):
+        if before.get(k) != after.get(k):
+            changed.append(f"{'remove' if k not in after else 'change'} {k}")
+    try:
+        if _scheduling_metadata(old) != _scheduling_metadata(new):
+            changed.append("change the scheduling metadata of its pod templates")
+    except ManifestError as err:
+        changed.append(f"make it unreadable ({err})")
+    return changed
+
+
+def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+    """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
+    obj = request.get("object")
+    if not isinstance(obj, dict):
+        return allow("skipped-operation")
+    w = Workload(obj)
+    if w.kind not in RAY_KINDS:
+        return allow("skipped-kind")
+    namespace = request.get("namespace") or w.namespace
+    if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
+        return allow("skipped-namespace")
+    if request.get("operation") == "CREATE":
+        # The mutating webhook refuses first; this catches an object that bypassed it.
+        decision = mutate(request, ns_labels, config)
+        return decision if not decision.allowed else allow("valid")
+    if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
+        return allow("skipped-operation")
+    old = Workload(request["oldObject"])  # type: ignore[arg-type]
+    if old.labels.get(keys.STATE_LABEL) not in keys.HELD_STATES:
+        return allow("not-held")
+    user = (request.get("userInfo") or {}).get("username", "")
+    if user in config.trusted_users:
+        return allow("trusted")
+    changes = _guard_update(old, w)
+    if not changes:
+        return allow("valid")
+    state = old.labels.get(keys.STATE_LABEL)
+    reason = old.annotations.get(keys.REASON_ANNOTATION)
+    return refuse(
+        f"{w.kind} {w.name} is held by raygate (state {state}) while it waits for capacity"
+        + (f": {reason}" if reason else "")
+        + f". You may not {', '.join(changes)} meanwhile. See why with "
+        f"`kubectl describe {w.kind.lower()} {w.name} -n {namespace}` or `kubectl raygate status -n {namespace}`; "
+        "delete and re-create the job to change it",
+        code=403,
+    )
+
+
+Decide = Callable[[AdmissionRequest, Mapping[str, str] | None, RaygateConfig], Decision]

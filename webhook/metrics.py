@@ -1,0 +1,45 @@
+"""Prometheus metrics of the webhook, shared across gunicorn worker processes.
+
+prometheus_client's multiprocess mode aggregates the workers' values, so any worker answering
+/metrics reports the whole server. The directory must be set before prometheus_client is imported
+(the server does that in the gunicorn master).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+REVIEWS = Counter(
+    "raygate_webhook_reviews_total",
+    "AdmissionReviews answered, by endpoint, kind, mode and outcome.",
+    ["endpoint", "kind", "mode", "outcome"],
+)
+LATENCY = Histogram(
+    "raygate_webhook_review_seconds",
+    "Time to answer one AdmissionReview, from body received to response built.",
+    ["endpoint"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
+IN_FLIGHT = Gauge(
+    "raygate_webhook_reviews_in_flight", "AdmissionReviews being answered now.", multiprocess_mode="livesum"
+)
+BAD_REQUESTS = Counter("raygate_webhook_bad_requests_total", "Bodies that were not AdmissionReviews (HTTP 400).")
+CONFIG_REJECTED = Counter(
+    "raygate_config_rejected_total", "ConfigMap versions rejected as invalid (counted by each worker)."
+)
+CONFIG_VALID = Gauge(
+    "raygate_config_valid", "1 when the newest ConfigMap version is in force, 0 when it was rejected.",
+    multiprocess_mode="min",
+)
+
+
+def exposition() -> tuple[bytes, str]:
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,19 @@
+"""provisioning mode: hold the job suspended until its ProvisioningRequest is Provisioned."""
+
+from __future__ import annotations
+
+from raygate import keys
+from raygate.policy import NamespacePolicy
+from raygate.workload import Gang, Workload
+from webhook.patch import PatchBuilder
+
+
+def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    return []
+
+
+def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
+    # RayJob.spec.suspend is a bool and RayCluster.spec.suspend a *bool: both live at spec.suspend.
+    # Never spec.rayClusterSpec.suspend of a RayJob: KubeRay owns that.
+    b.set(("spec", "suspend"), True)
+    b.set(("metadata", "labels", keys.STATE_LABEL), keys.State.PENDING.value)

@@ -1,0 +1,77 @@
+"""volcano mode: hold the job, route every pod to Volcano in one PodGroup, record the PodGroup spec.
+
+The reconciler creates the PodGroup from the recorded spec; pods find it through the group-name
+annotation on every pod template, the submitter's included, so the whole gang schedules together.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from raygate import keys
+from raygate import quantity as q
+from raygate.policy import NamespacePolicy
+from raygate.workload import Gang, Workload, get
+from webhook.modes import provisioning, queue
+from webhook.patch import PatchBuilder
+
+DEFAULT_QUEUE = "default"  # Volcano's built-in queue
+
+
+def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    return []
+
+
+def pod_group_spec(w: Workload, policy: NamespacePolicy, gang: Gang, queue_name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "minMember": gang.min_member,
+        "minTaskMember": gang.min_task_member,
+        "minResources": q.render(gang.min_resources),
+        "queue": queue_name,
+    }
+    priority = queue.chosen(w, policy, keys.RAY_PRIORITY_CLASS_LABEL, policy.priority_class)
+    if priority:
+        spec["priorityClassName"] = priority
+    return spec
+
+
+def default_submitter_template(w: Workload) -> dict[str, Any]:
+    """KubeRay's default submitter pod, written out so it can carry the Volcano metadata.
+
+    KubeRay fills in the `ray job submit` command and its environment when the command is empty.
+    """
+    head_image = get(w.cluster_spec, ("headGroupSpec", "template", "spec", "containers", 0, "image"))
+    return {
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "ray-job-submitter",
+                    "image": head_image,
+                    "resources": {
+                        "requests": dict(keys.SUBMITTER_DEFAULT_REQUESTS),
+                        "limits": dict(keys.SUBMITTER_DEFAULT_LIMITS),
+                    },
+                }
+            ],
+        }
+    }
+
+
+def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
+    provisioning.apply(b, w, policy, gang)
+    queue_name = queue.apply_labels(
+        b, w, policy, queue_label=keys.VOLCANO_QUEUE_LABEL, priority_label=keys.RAY_PRIORITY_CLASS_LABEL,
+        default_queue=DEFAULT_QUEUE,
+    ) or DEFAULT_QUEUE
+    templates = w.template_paths()
+    if w.is_job and w.submission_mode == "K8sJobMode" and not get(w.obj, ("spec", "submitterPodTemplate")):
+        b.set(("spec", "submitterPodTemplate"), default_submitter_template(w))
+        templates.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
+    for task, path in templates:
+        b.set((*path, "spec", "schedulerName"), keys.VOLCANO_SCHEDULER)
+        b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), w.pod_group_name)
+        b.set((*path, "metadata", "annotations", keys.VOLCANO_TASK_SPEC_ANNOTATION), task)
+    spec = pod_group_spec(w, policy, gang, queue_name)
+    b.set(("metadata", "annotations", keys.POD_GROUP_ANNOTATION), json.dumps(spec, sort_keys=True))

@@ -1,0 +1,64 @@
+"""The MutatingWebhookConfiguration and ValidatingWebhookConfiguration raygate registers.
+
+config/base carries the same objects as YAML for a cluster install (a test keeps the two in step);
+this builder serves the local control plane, where the webhook is reached by URL.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from raygate import keys
+
+TIMEOUT_SECONDS = 5
+
+
+def namespace_selector() -> dict[str, Any]:
+    # Opt-in by label; kube-system and raygate's own namespace are excluded even if labelled.
+    return {
+        "matchLabels": {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE},
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["kube-system", keys.SYSTEM_NAMESPACE]},
+        ],
+    }
+
+
+def _webhook(name: str, client_config: dict[str, Any], operations: list[str], failure_policy: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "clientConfig": client_config,
+        "rules": [{
+            "apiGroups": [keys.RAY_GROUP], "apiVersions": [keys.RAY_VERSION], "operations": operations,
+            "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL], "scope": "Namespaced",
+        }],
+        "namespaceSelector": namespace_selector(),
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "failurePolicy": failure_policy,
+        "matchPolicy": "Equivalent",
+        "admissionReviewVersions": ["v1"],
+    }
+
+
+def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(mutating, validating) for a webhook served at `url` (https://host:port) with CA `ca_pem`."""
+    ca = base64.b64encode(ca_pem).decode()
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": keys.MUTATING_WEBHOOK_CONFIG},
+        "webhooks": [{
+            **_webhook("mutate.raygate.io", {"url": f"{url}/mutate", "caBundle": ca}, ["CREATE"], failure_policy),
+            "reinvocationPolicy": "Never",
+        }],
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": keys.VALIDATING_WEBHOOK_CONFIG},
+        "webhooks": [
+            _webhook("validate.raygate.io", {"url": f"{url}/validate", "caBundle": ca}, ["CREATE", "UPDATE"],
+                     failure_policy),
+        ],
+    }
+    return mutating, validating

@@ -1,0 +1,106 @@
+"""The AdmissionReview wire format (admission.k8s.io/v1), declared once, and the pure response builder."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, NotRequired, TypedDict
+
+import orjson
+
+API_VERSION = "admission.k8s.io/v1"
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+
+
+class GroupVersionKind(TypedDict):
+    group: str
+    version: str
+    kind: str
+
+
+class AdmissionRequest(TypedDict):
+    uid: str
+    kind: GroupVersionKind
+    operation: str  # CREATE, UPDATE, DELETE, CONNECT
+    namespace: NotRequired[str]
+    name: NotRequired[str]
+    userInfo: NotRequired[UserInfo]
+    object: NotRequired[dict[str, Any] | None]
+    oldObject: NotRequired[dict[str, Any] | None]
+    dryRun: NotRequired[bool]
+
+
+class Status(TypedDict, total=False):
+    code: int
+    message: str
+    reason: str
+
+
+class AdmissionResponse(TypedDict, total=False):
+    uid: str
+    allowed: bool
+    status: Status
+    patch: str
+    patchType: str
+    warnings: list[str]
+
+
+class AdmissionReview(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    request: AdmissionRequest
+    response: AdmissionResponse
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview we can answer; the HTTP layer answers 400."""
+
+
+def parse_review(body: bytes) -> tuple[AdmissionReview, AdmissionRequest]:
+    try:
+        review = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadReview(f"body is not JSON: {err}") from None
+    if not isinstance(review, dict):
+        raise BadReview("body is not a JSON object")
+    request = review.get("request")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str) or not request["uid"]:
+        raise BadReview("request.uid is missing: not an AdmissionReview")
+    return review, request  # type: ignore[return-value]
+
+
+def response(
+    review: AdmissionReview,
+    uid: str,
+    *,
+    allowed: bool,
+    patch: list[dict[str, Any]] | None = None,
+    message: str | None = None,
+    code: int | None = None,
+    warnings: list[str] | None = None,
+) -> AdmissionReview:
+    """An AdmissionReview answer echoing apiVersion and kind and carrying the request uid."""
+    resp: AdmissionResponse = {"uid": uid, "allowed": allowed}
+    if patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
+    if message is not None or code is not None:
+        status: Status = {}
+        if code is not None:
+            status["code"] = code
+        if message is not None:
+            status["message"] = message
+        if not allowed:
+            status["reason"] = "Forbidden" if code == 403 else "Invalid"
+        resp["status"] = status
+    if warnings:
+        resp["warnings"] = warnings
+    return {
+        "apiVersion": str(review.get("apiVersion") or API_VERSION),
+        "kind": str(review.get("kind") or "AdmissionReview"),
+        "response": resp,
+    }

@@ -1,0 +1,92 @@
+"""gunicorn serving the webhook: gthread workers, TLS 1.2 or newer, keep-alive on.
+
+Keep-alive matters: the API server reuses connections, and without it every review would pay a
+TLS handshake (the sync worker closes each connection, which caps a 2-core pod at ~250 reviews/s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from certs.reload import gunicorn_ssl_context
+from raygate import logs
+
+log = logging.getLogger("raygate.webhook")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    cert_file: str
+    key_file: str
+    bind: str = "0.0.0.0"
+    port: int = 9443
+    workers: int = 2
+    threads: int = 8
+    kubeconfig: str | None = None
+    namespace: str = "raygate-system"
+    log_level: str = "info"
+    worker_tmp_dir: str | None = None
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+class WebhookServer(BaseApplication):  # type: ignore[misc]
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        o = self.options
+        settings: dict[str, Any] = {
+            "bind": [f"{o.bind}:{o.port}"],
+            "workers": o.workers,
+            "worker_class": "gthread",
+            "threads": o.threads,
+            "keepalive": 65,  # longer than the API server's idle connection reuse
+            "timeout": 30,
+            "graceful_timeout": 20,
+            "certfile": o.cert_file,
+            "keyfile": o.key_file,
+            "ssl_context": gunicorn_ssl_context(o.cert_file, o.key_file),
+            "accesslog": None,
+            "errorlog": "-",
+            "loglevel": "warning",
+            "child_exit": _child_exit,
+            "proc_name": "raygate-webhook",
+        }
+        if o.worker_tmp_dir:
+            settings["worker_tmp_dir"] = o.worker_tmp_dir
+        for key, value in settings.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        # Runs in each worker after fork: watches and threads must start here, not in the master.
+        from raygate.kube import Kube
+        from webhook.app import create_app
+        from webhook.state import WebhookState
+
+        logs.setup(self.options.log_level)
+        kube = Kube.connect(self.options.kubeconfig, user_agent="raygate-webhook")
+        state = WebhookState.connect(kube, self.options.namespace)
+        # Load the certificate now, so /readyz reflects it and a bad one fails the worker at start.
+        self.cfg.ssl_context(self.cfg, None)
+        state.certificate_loaded.set()
+        return create_app(state)
+
+
+def serve(options: ServerOptions) -> None:
+    """Run until SIGTERM. prometheus_client's multiprocess directory is set before any import of it."""
+    import tempfile
+
+    base = options.worker_tmp_dir or None
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
+    WebhookServer(options).run()

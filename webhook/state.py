@@ -1,0 +1,58 @@
+"""What a review is decided against: the live config and the namespace labels, kept current by
+watches so that answering a review never calls the API server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from raygate.configsource import ConfigSource
+from raygate.informer import Informer
+from raygate.kube import NAMESPACES, Kube
+from raygate.policy import RaygateConfig
+from webhook import metrics
+
+log = logging.getLogger("raygate.webhook")
+
+
+@dataclass
+class WebhookState:
+    config_source: ConfigSource
+    namespaces: Informer | None = None  # None: offline (tests, `raygate explain`): every namespace opted in
+    certificate_loaded: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def config(self) -> RaygateConfig:
+        return self.config_source.config
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        if self.namespaces is None:
+            return None
+        obj = self.namespaces.get("", namespace)
+        if obj is None:
+            return None
+        return dict((obj.get("metadata") or {}).get("labels") or {})
+
+    def not_ready(self) -> list[str]:
+        """What is still missing before this worker may serve; empty when ready."""
+        missing = []
+        if not self.config_source.loaded.is_set():
+            missing.append("config")
+        if self.namespaces is not None and not self.namespaces.synced.is_set():
+            missing.append("namespace cache")
+        if not self.certificate_loaded.is_set():
+            missing.append("certificate")
+        return missing
+
+    @classmethod
+    def connect(cls, kube: Kube, namespace: str) -> WebhookState:
+        def result(problems: list[str]) -> None:
+            metrics.CONFIG_VALID.set(0 if problems else 1)
+            if problems:
+                metrics.CONFIG_REJECTED.inc()
+
+        metrics.CONFIG_VALID.set(1)  # the defaults serve until a ConfigMap says otherwise
+        informer = Informer(kube, NAMESPACES, resync_seconds=600).start()
+        source = ConfigSource(kube, namespace, on_result=result).start()
+        return cls(config_source=source, namespaces=informer)
