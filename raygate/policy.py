@@ -77,7 +77,11 @@ class ProvisioningPolicy(_Strict):
 class NamespacePolicy(_Strict):
     """What raygate does in one namespace."""
 
-    mode: Mode = Field(Mode.PROVISIONING, description="provisioning, volcano or kueue.")
+    mode: Mode = Field(
+        Mode.PROVISIONING,
+        description="provisioning: hold each job until its capacity is provisioned; volcano: also gang-schedule "
+        "its pods through a Volcano PodGroup; kueue: label and validate only, Kueue admits.",
+    )
     queue_name: str | None = Field(None, description="Kueue LocalQueue or Volcano Queue for jobs here.")
     priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class.")
     allow_user_queue: bool = Field(False, description="Keep a queue or priority label the user set.")

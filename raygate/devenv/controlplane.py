@@ -57,7 +57,7 @@ class State:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -99,7 +99,7 @@ class ControlPlane:
         except (OSError, ValueError, TypeError):
             return None
 
-    def _save(self, state: State) -> None:
+    def save_state(self, state: State) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         tmp = self._state_path().with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(state), indent=2))
@@ -116,7 +116,7 @@ class ControlPlane:
         state = self.load_state()
         if state is None or not state.pids:
             return False
-        return all(_alive(p) for p in state.pids.values()) and self._ready(state)
+        return all(alive(p) for p in state.pids.values()) and self._ready(state)
 
     # --- certificates --------------------------------------------------------------------------
     def _write_pki(self) -> None:
@@ -193,7 +193,7 @@ class ControlPlane:
         )
         log.close()
         state.pids[name] = proc.pid
-        self._save(state)
+        self.save_state(state)
 
     def _ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
@@ -211,7 +211,7 @@ class ControlPlane:
     def wait_for(self, state: State, name: str, check: object, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _alive(state.pids[name]):
+            if not alive(state.pids[name]):
                 raise RaygateError(f"{name} exited during start-up: {_last_line(self.logs / f'{name}.log')}")
             if callable(check) and check():
                 return
@@ -250,7 +250,7 @@ class ControlPlane:
             etcd_port=free_port(),
             etcd_peer_port=free_port(),
         )
-        self._save(state)
+        self.save_state(state)
         try:
             self._start(state, kuberay=kuberay)
         except BaseException:
@@ -348,7 +348,7 @@ class ControlPlane:
         if state is None or name not in state.pids:
             return
         _terminate(state.pids.pop(name))
-        self._save(state)
+        self.save_state(state)
 
     def _owns(self, pid: int) -> bool:
         """Guard against a recycled pid: only stop processes started from this bundle or workdir."""
@@ -382,6 +382,6 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         while time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            if not _alive(pid):
+            if not alive(pid):
                 return
             time.sleep(0.05)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from certs import pki
 from raygate import keys
-from raygate.devenv.controlplane import ControlPlane, free_port
+from raygate.devenv.controlplane import ControlPlane, alive, free_port
 from raygate.errors import RaygateError
 from webhook.registration import configurations
 
@@ -97,10 +97,27 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
     ])
 
 
+def _running(cp: ControlPlane, name: str) -> bool:
+    state = cp.load_state()
+    return state is not None and name in state.pids and alive(state.pids[name])
+
+
 def start_raygate(cp: ControlPlane) -> LocalWebhook:
-    """`raygate dev up --raygate`: webhook + reconciler, and namespace `demo` opted in."""
-    hook = start_webhook(cp)
-    start_reconciler(cp)
+    """`raygate dev up --raygate`: webhook + reconciler, and namespace `demo` opted in.
+
+    Harmless when raygate already runs: a live component is kept, a dead one is started again.
+    """
+    state = cp.load_state()
+    if state is not None and _running(cp, "raygate-webhook") and "raygate-webhook-url" in state.extra:
+        hook = LocalWebhook(state.extra["raygate-webhook-url"], cp.workdir / "raygate-webhook" / "ca.crt")
+    else:
+        hook = start_webhook(cp)
+        state = cp.load_state()
+        assert state is not None
+        state.extra["raygate-webhook-url"] = hook.url
+        cp.save_state(state)
+    if not _running(cp, "raygate-reconciler"):
+        start_reconciler(cp)
     if not cp.kubectl("get", "namespace", DEMO_NAMESPACE, "--ignore-not-found", "-o", "name").strip():
         cp.kubectl("create", "namespace", DEMO_NAMESPACE)
     cp.kubectl("label", "namespace", DEMO_NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}", "--overwrite")
