@@ -1,9 +1,199 @@
-"""`raygate status`: placeholder until the webhook lands."""
+"""`raygate status` (also `kubectl raygate status`): the RayJobs and RayClusters raygate holds or has
+failed, read from the cluster, with how long each has waited and why."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+from raygate import keys
+from raygate.errors import RaygateError
+
+if TYPE_CHECKING:
+    from raygate.kube import ApiError, Kube, Resource
+
+SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
+SELECTOR = f"{keys.STATE_LABEL} in ({','.join(SHOWN_STATES)})"
+COLUMNS = ("NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("status", help="list held and failed jobs")
+    p = sub.add_parser(
+        "status",
+        help="list held and failed RayJobs and RayClusters",
+        description="List the RayJobs and RayClusters raygate holds (state Pending or Provisioning) or has "
+        f"failed (state Failed), from the label {keys.STATE_LABEL}: state, attempt, time waiting since "
+        "creation, and the reason. Also runs as `kubectl raygate status`.",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-n", "--namespace", default=None,
+                       help="namespace to list (default: the kubeconfig context's namespace, else default)")
+    where.add_argument("-A", "--all-namespaces", action="store_true", help="list every namespace")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+    p.add_argument("--kubeconfig", default=None, metavar="PATH",
+                   help="kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class Held:
+    namespace: str
+    kind: str
+    name: str
+    state: str
+    attempt: int | None
+    created: str
+    waiting_seconds: int
+    reason: str
+    provisioning_request: str
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {
+            "namespace": d["namespace"], "kind": d["kind"], "name": d["name"], "state": d["state"],
+            "attempt": d["attempt"], "creationTimestamp": d["created"], "waitingSeconds": d["waiting_seconds"],
+            "reason": d["reason"], "provisioningRequest": d["provisioning_request"] or None,
+        }
+
+
+def _parse_time(text: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return None
+
+
+def _attempt(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime) -> list[Held]:
+    """The rows for `objects` (RayJobs or RayClusters as the API returns them)."""
+    rows = []
+    for obj in objects:
+        meta = obj.get("metadata", {})
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        state = labels.get(keys.STATE_LABEL, "")
+        if state not in SHOWN_STATES:
+            continue
+        # A RayCluster KubeRay made for a RayJob carries the job's labels: the job is the row.
+        if kind == keys.RAYCLUSTER_KIND and labels.get(keys.ORIGINATED_FROM_CRD_LABEL) == keys.RAYJOB_KIND:
+            continue
+        created = str(meta.get("creationTimestamp", ""))
+        since = _parse_time(created)
+        rows.append(Held(
+            namespace=str(meta.get("namespace", "")),
+            kind=kind,
+            name=str(meta.get("name", "")),
+            state=state,
+            attempt=_attempt(annotations.get(keys.ATTEMPT_ANNOTATION)),
+            created=created,
+            waiting_seconds=max(0, int((now - since).total_seconds())) if since else 0,
+            reason=str(annotations.get(keys.REASON_ANNOTATION, "")),
+            provisioning_request=str(annotations.get(keys.REQUEST_ANNOTATION, "")),
+        ))
+    return rows
+
+
+def human_duration(seconds: int) -> str:
+    """kubectl's AGE style: 42s, 5m3s, 3h12m, 2d4h."""
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{s}s" if minutes < 10 and s else f"{minutes}m"
+    hours, m = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{m}m" if m else f"{hours}h"
+    days, h = divmod(hours, 24)
+    return f"{days}d{h}h" if h else f"{days}d"
+
+
+def render_table(rows: list[Held], out: TextIO) -> None:
+    table = [COLUMNS] + [
+        (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, "-" if r.attempt is None else str(r.attempt),
+         human_duration(r.waiting_seconds), r.reason or "-")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
+    for row in table:
+        cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)]
+        out.write("   ".join([*cells, row[-1]]).rstrip() + "\n")
+
+
+def render_json(rows: list[Held], out: TextIO) -> None:
+    out.write(json.dumps({"kind": "RaygateStatus", "items": [r.as_json() for r in rows]}, indent=2) + "\n")
+
+
+IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _context_namespace(kubeconfig: str | None) -> str:
+    import os
+    from pathlib import Path
+
+    from kubernetes import config
+
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and Path(IN_CLUSTER_NAMESPACE).is_file():
+        return Path(IN_CLUSTER_NAMESPACE).read_text().strip() or "default"
+    try:
+        _, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError, TypeError, ValueError):
+        return "default"
+    ns = (current or {}).get("context", {}).get("namespace")
+    return str(ns) if ns else "default"
+
+
+def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) -> RaygateError:
+    where = f"in namespace {namespace}" if namespace else "in all namespaces"
+    what = f"{res.plural}.{res.group}"
+    if err.status == 0:
+        return RaygateError(f"cannot reach the API server at {kube.host}: {err.message}")
+    if err.status == 401:
+        return RaygateError(f"the API server at {kube.host} rejected the credentials: check the kubeconfig")
+    if err.status == 403:
+        return RaygateError(f"forbidden: cannot list {what} {where}: {err.message}")
+    if err.status == 404:
+        return RaygateError(f"{what} is not served by {kube.host}: install KubeRay's CRDs (ray.io/v1)")
+    return RaygateError(f"listing {what} {where} failed: {err.status} {err.reason}: {err.message}")
+
+
+def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -> list[Held]:
+    from raygate.kube import RAYCLUSTERS, RAYJOBS, ApiError
+
+    now = now or dt.datetime.now(dt.UTC)
+    rows: list[Held] = []
+    for res in (RAYJOBS, RAYCLUSTERS):
+        try:
+            listed = kube.list(res, namespace, labelSelector=SELECTOR)
+        except ApiError as err:
+            raise _explain(err, kube, res, namespace) from None
+        rows += held_from(res.kind, listed.get("items") or [], now)
+    rows.sort(key=lambda r: (r.namespace, -r.waiting_seconds, r.kind, r.name))
+    return rows
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from raygate.kube import Kube
+
+    out = out or sys.stdout
+    kube = Kube.connect(args.kubeconfig, user_agent="raygate-status")
+    namespace = None if args.all_namespaces else (args.namespace or _context_namespace(args.kubeconfig))
+    rows = collect(kube, namespace)
+    if args.output == "json":
+        render_json(rows, out)
+    elif rows:
+        render_table(rows, out)
+    else:
+        where = "in any namespace" if namespace is None else f"in namespace {namespace}"
+        out.write(f"No held or failed RayJobs or RayClusters {where}.\n")
+    return 0

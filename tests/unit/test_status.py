@@ -1,0 +1,88 @@
+"""`raygate status` rows and rendering, without a cluster."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+from typing import Any
+
+import pytest
+
+from raygate import keys
+from raygate.status import held_from, human_duration, render_json, render_table
+
+NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def obj(name: str, state: str | None, created: str = "2025-06-01T11:50:00Z", ns: str = "ml",
+        annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    all_labels = dict(labels or {})
+    if state is not None:
+        all_labels[keys.STATE_LABEL] = state
+    return {"metadata": {"name": name, "namespace": ns, "creationTimestamp": created, "labels": all_labels,
+                         "annotations": annotations or {}}}
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59, "59s"), (60, "1m"), (303, "5m3s"), (600, "10m"), (659, "10m"), (3600, "1h"),
+     (3660, "1h1m"), (86400, "1d"), (90000, "1d1h")],
+)
+def test_human_duration(seconds: int, text: str) -> None:
+    assert human_duration(seconds) == text
+
+
+def test_only_held_and_failed_states_are_rows() -> None:
+    objs = [obj("a", "Pending"), obj("b", "Provisioning"), obj("c", "Failed"), obj("d", "Admitted"),
+            obj("e", None), obj("f", "pending")]
+    assert [r.name for r in held_from("RayJob", objs, NOW)] == ["a", "b", "c"]
+
+
+def test_row_fields() -> None:
+    (row,) = held_from("RayJob", [obj("train", "Provisioning", annotations={
+        keys.ATTEMPT_ANNOTATION: "3", keys.REASON_ANNOTATION: "waiting for 4 nvidia.com/gpu",
+        keys.REQUEST_ANNOTATION: "train-gang-3"})], NOW)
+    assert (row.namespace, row.kind, row.name, row.state, row.attempt, row.waiting_seconds, row.reason) == (
+        "ml", "RayJob", "train", "Provisioning", 3, 600, "waiting for 4 nvidia.com/gpu")
+    assert row.as_json()["provisioningRequest"] == "train-gang-3"
+
+
+def test_missing_or_garbage_annotations_do_not_break_a_row() -> None:
+    (row,) = held_from("RayCluster", [obj("c", "Pending", created="not a time",
+                                          annotations={keys.ATTEMPT_ANNOTATION: "x"})], NOW)
+    assert (row.attempt, row.waiting_seconds, row.reason) == (None, 0, "")
+
+
+def test_raycluster_made_for_a_rayjob_is_not_a_second_row() -> None:
+    made = obj("job-raycluster-abc", "Failed", labels={keys.ORIGINATED_FROM_CRD_LABEL: "RayJob"})
+    assert held_from("RayCluster", [made], NOW) == []
+    assert len(held_from("RayCluster", [obj("standalone", "Failed")], NOW)) == 1
+
+
+def test_table_aligns_columns_and_keeps_the_whole_reason() -> None:
+    rows = held_from("RayJob", [
+        obj("a", "Pending", annotations={keys.REASON_ANNOTATION: "queue full"}),
+        obj("a-much-longer-name", "Failed", created="2025-05-30T12:00:00Z",
+            annotations={keys.ATTEMPT_ANNOTATION: "12", keys.REASON_ANNOTATION: "ProvisioningRequest failed: x y"}),
+    ], NOW)
+    out = io.StringIO()
+    render_table(rows, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON"]
+    starts = {line.index(cell) for line, cell in zip(lines, ["STATE", "Pending", "Failed"], strict=True)}
+    assert len(starts) == 1, lines
+    assert lines[1].split()[:5] == ["ml", "rayjob/a", "Pending", "-", "10m"]
+    assert lines[2].endswith("ProvisioningRequest failed: x y")
+    assert lines[2].split()[3:5] == ["12", "2d"]
+
+
+def test_json_output() -> None:
+    out = io.StringIO()
+    render_json(held_from("RayJob", [obj("a", "Pending")], NOW), out)
+    doc = json.loads(out.getvalue())
+    assert doc["items"] == [{
+        "namespace": "ml", "kind": "RayJob", "name": "a", "state": "Pending", "attempt": None,
+        "creationTimestamp": "2025-06-01T11:50:00Z", "waitingSeconds": 600, "reason": "",
+        "provisioningRequest": None,
+    }]
