@@ -253,13 +253,14 @@ class Workload:
             path = (*base, "workerGroupSpecs", i)
             if g.get("suspend") is True:
                 continue
-            lo = _int(g, ("minReplicas",), 0)
-            hi = _int(g, ("maxReplicas",), keys.MAX_REPLICAS_DEFAULT)
+            # Read through the whole object, so an error names the full field path.
+            lo = _int(self.obj, (*path, "minReplicas"), 0)
+            hi = _int(self.obj, (*path, "maxReplicas"), keys.MAX_REPLICAS_DEFAULT)
             if lo > hi:
                 raise ManifestError(f"{_where(path)}: minReplicas {lo} is larger than maxReplicas {hi}")
             # The autoscaler starts a group at minReplicas; otherwise replicas, clamped to [min, max].
-            replicas = lo if self.autoscaling else min(max(_int(g, ("replicas",), lo), lo), hi)
-            hosts = _int(g, ("numOfHosts",), 1) or 1
+            replicas = lo if self.autoscaling else min(max(_int(self.obj, (*path, "replicas"), lo), lo), hi)
+            hosts = _int(self.obj, (*path, "numOfHosts"), 1) or 1
             template = get(g, ("template",))
             if not isinstance(template, Mapping):
                 raise ManifestError(f"{_where((*path, 'template'))} is missing")

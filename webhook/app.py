@@ -10,6 +10,7 @@ from flask import Flask, Response, request
 from webhook import metrics
 from webhook.decision import Decide, mutate, validate
 from webhook.handler import answer
+from webhook.review import kind_of, username
 from webhook.state import WebhookState
 
 log = logging.getLogger("raygate.webhook")
@@ -28,14 +29,14 @@ def create_app(state: WebhookState) -> Flask:
         if d is None or req is None:
             metrics.BAD_REQUESTS.inc()
             return Response(result.body, status=result.status, mimetype=JSON_TYPE)
-        kind = req.get("kind", {}).get("kind", "")
+        kind = kind_of(req)
         metrics.REVIEWS.labels(endpoint, kind, d.mode.value if d.mode else "", d.outcome).inc()
         if d.outcome in {"mutated", "refused", "error"} or (endpoint == "validate" and not d.allowed):
             log.info(
                 "admission",
                 extra={"endpoint": endpoint, "operation": req.get("operation"), "kind": kind,
                        "namespace": req.get("namespace"), "name": req.get("name") or "",
-                       "user": (req.get("userInfo") or {}).get("username"), "allowed": d.allowed,
+                       "user": username(req), "allowed": d.allowed,
                        "outcome": d.outcome, "reason": d.message, "uid": req["uid"],
                        "dryRun": bool(req.get("dryRun"))},
             )

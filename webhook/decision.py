@@ -18,7 +18,7 @@ from raygate.policy import Mode, NamespacePolicy, RaygateConfig
 from raygate.workload import Gang, ManifestError, Workload, get, owned_by_rayjob
 from webhook.modes import kueue, provisioning, volcano
 from webhook.patch import PatchBuilder, PatchOp
-from webhook.review import AdmissionRequest
+from webhook.review import AdmissionRequest, username
 
 MODES: dict[Mode, ModuleType] = {Mode.PROVISIONING: provisioning, Mode.VOLCANO: volcano, Mode.KUEUE: kueue}
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
@@ -49,8 +49,8 @@ def _skip_reason(w: Workload) -> str | None:
         return "skipped-owned-by-rayjob"  # its RayJob was gang-admitted already
     if w.is_job and get(w.obj, ("spec", "clusterSelector")) and not get(w.obj, ("spec", "rayClusterSpec")):
         return "skipped-cluster-selector"  # runs on an existing cluster: there is no gang to admit
-    if keys.MODE_ANNOTATION in w.annotations:
-        return "unchanged"  # mutated before: re-invocation must change nothing
+    # No skip on raygate's own annotation: a user could set it to walk past the hold. An object
+    # raygate already mutated needs no patch anyway, because every operation is a no-op then.
     return None
 
 
@@ -66,14 +66,14 @@ def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warn
     if get(w.obj, ("spec", "shutdownAfterJobFinishes")) is not True:
         if policy.fix_shutdown_after_job_finishes:
             b.set(("spec", "shutdownAfterJobFinishes"), True)
+            # The API server may cut warnings longer than 120 characters: keep it short.
             warnings.append(
-                "raygate set spec.shutdownAfterJobFinishes: true, because KubeRay fails a RayJob that is "
-                "created suspended without it; the cluster is deleted when the job finishes"
+                "raygate set spec.shutdownAfterJobFinishes=true: KubeRay fails a suspended RayJob without it"
             )
         else:
             out.append(
-                "spec.shutdownAfterJobFinishes must be true: raygate creates RayJobs suspended until their "
-                "capacity is provisioned, and KubeRay fails a suspended RayJob without it. "
+                "spec.shutdownAfterJobFinishes must be true: the job is created suspended until its capacity "
+                "is available, and KubeRay fails a suspended RayJob without it. "
                 "Add `shutdownAfterJobFinishes: true` to spec"
             )
     return out
@@ -85,7 +85,8 @@ def _max_gang_refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list
     for name, limit in sorted(policy.max_gang_quantities().items()):
         if need.get(name, Decimal(0)) > limit:
             out.append(
-                f"the gang needs {q.format_quantity(need[name], binary=q.is_binary(name))} {name} but "
+                f"the gang needs {q.format_quantity(need.get(name, Decimal(0)), binary=q.is_binary(name))} "
+                f"{name} but "
                 f"namespace {w.namespace} allows at most {q.format_quantity(limit, binary=q.is_binary(name))} "
                 "(maxGang in raygate-config): reduce replicas or per-pod requests"
             )
@@ -122,7 +123,8 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     mode_rules.apply(b, w, policy, gang)
     b.set(("metadata", "annotations", keys.MODE_ANNOTATION), policy.mode.value)
     return Decision(
-        allowed=True, outcome="mutated", patch=b.ops, warnings=warnings, gang=gang, mode=policy.mode
+        allowed=True, outcome="mutated" if b.ops else "unchanged", patch=b.ops, warnings=warnings, gang=gang,
+        mode=policy.mode,
     )
 
 
@@ -147,9 +149,11 @@ _SCHEDULING_ANNOTATIONS = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK
 def _scheduling_metadata(w: Workload) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for _, path in w.template_paths():
-        out[f"{path} schedulerName"] = get(w.obj, (*path, "spec", "schedulerName"))
+        found = {"schedulerName": get(w.obj, (*path, "spec", "schedulerName"))}
         for a in _SCHEDULING_ANNOTATIONS:
-            out[f"{path} {a}"] = get(w.obj, (*path, "metadata", "annotations", a))
+            found[a] = get(w.obj, (*path, "metadata", "annotations", a))
+        # Only what is set: a worker group added without any of it changes no scheduling metadata.
+        out.update({f"{path} {k}": v for k, v in found.items() if v is not None})
     return out
 
 
@@ -189,8 +193,7 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
     old = Workload(request["oldObject"])  # type: ignore[arg-type]
     if old.labels.get(keys.STATE_LABEL) not in keys.HELD_STATES:
         return allow("not-held")
-    user = (request.get("userInfo") or {}).get("username", "")
-    if user in config.trusted_users:
+    if username(request) in config.trusted_users:
         return allow("trusted")
     changes = _guard_update(old, w)
     if not changes:

@@ -42,9 +42,9 @@ def answer(body: bytes, decide: Decide, config: RaygateConfig, labels_for: Label
         return Answer(400, orjson.dumps({"error": str(err)}))
     namespace = req.get("namespace") or ""
     try:
-        decision = decide(req, labels_for(namespace), config)
+        decision = decide(req, labels_for(namespace if isinstance(namespace, str) else ""), config)
     except Exception as err:  # a bug must never become an HTTP 500 or a silent allow
-        log.exception("admission decision failed", extra={"uid": req["uid"], "namespace": namespace})
+        log.exception("admission decision failed", extra={"uid": req["uid"], "namespace": str(namespace)})
         decision = Decision(
             allowed=False, outcome="error", code=500,
             message=f"raygate could not decide on this object ({type(err).__name__}: {err}); "

@@ -53,6 +53,12 @@ class PatchBuilder:
             self.ops.append({"op": "add", "path": pointer((*parent_path, key)), "value": nested})
         self._remember((*parent_path, key), nested)
 
+    def remove(self, path: Path) -> None:
+        """Remove a key that exists in the original object (a no-op when it is absent)."""
+        if get(self._obj, path, _MISSING) is _MISSING or any(path[:i] in self._created for i in range(len(path))):
+            return
+        self.ops.append({"op": "remove", "path": pointer(path)})
+
     def _remember(self, path: Path, value: Any) -> None:
         """Record each new object, so later keys under it go into this operation's value."""
         if isinstance(value, dict):

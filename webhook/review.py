@@ -73,6 +73,18 @@ def parse_review(body: bytes) -> tuple[AdmissionReview, AdmissionRequest]:
     return review, request  # type: ignore[return-value]
 
 
+def username(req: AdmissionRequest) -> str:
+    user = req.get("userInfo")
+    name = user.get("username") if isinstance(user, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def kind_of(req: AdmissionRequest) -> str:
+    gvk = req.get("kind")
+    kind = gvk.get("kind") if isinstance(gvk, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
 def response(
     review: AdmissionReview,
     uid: str,

@@ -20,6 +20,11 @@ DEFAULT_QUEUE = "default"  # Volcano's built-in queue
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    if not get(w.obj, ("metadata", "name")):
+        # With generateName the name is chosen after admission, so the PodGroup name written into
+        # every pod template (ray-<name>-pg) cannot be known here.
+        return [f"volcano mode needs metadata.name to name the PodGroup: set a name instead of generateName "
+                f"{get(w.obj, ('metadata', 'generateName'))!r}"]
     return []
 
 
@@ -42,21 +47,16 @@ def default_submitter_template(w: Workload) -> dict[str, Any]:
     KubeRay fills in the `ray job submit` command and its environment when the command is empty.
     """
     head_image = get(w.cluster_spec, ("headGroupSpec", "template", "spec", "containers", 0, "image"))
-    return {
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "ray-job-submitter",
-                    "image": head_image,
-                    "resources": {
-                        "requests": dict(keys.SUBMITTER_DEFAULT_REQUESTS),
-                        "limits": dict(keys.SUBMITTER_DEFAULT_LIMITS),
-                    },
-                }
-            ],
-        }
+    container: dict[str, Any] = {
+        "name": "ray-job-submitter",
+        "resources": {
+            "requests": dict(keys.SUBMITTER_DEFAULT_REQUESTS),
+            "limits": dict(keys.SUBMITTER_DEFAULT_LIMITS),
+        },
     }
+    if isinstance(head_image, str):  # the API server's schema refuses anything else: never copy junk
+        container["image"] = head_image
+    return {"spec": {"restartPolicy": "Never", "containers": [container]}}
 
 
 def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
