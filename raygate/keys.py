@@ -21,6 +21,10 @@ NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
 ADMITTED_AT_ANNOTATION = f"{DOMAIN}/admitted-at"
 # Per-job ProvisioningRequest parameter overrides: provreq.raygate.io/<Parameter>: value
 PROVREQ_PARAM_PREFIX = "provreq.raygate.io/"
+# On the objects the reconciler creates (PodTemplates, ProvisioningRequests, PodGroups), so its
+# watches see only its own children.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "raygate"
 
 
 class State(StrEnum):

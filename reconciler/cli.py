@@ -1,9 +1,143 @@
-"""`raygate reconciler`: placeholder until the reconciler lands."""
+"""`raygate reconciler`: watch held Ray jobs, ask for their capacity, unsuspend them when it is there."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from types import FrameType
+
+from raygate import keys
+from raygate.errors import RaygateError
+
+log = logging.getLogger("raygate.reconciler")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("reconciler", help="run the reconciler")
+    p = sub.add_parser(
+        "reconciler",
+        help="run the reconciler (ProvisioningRequests, PodGroups, unsuspend)",
+        description="Watch held RayJobs and RayClusters; create their PodGroup (volcano mode), PodTemplates and "
+        "ProvisioningRequest; unsuspend them when the capacity is Provisioned. One replica leads (Lease "
+        f"{keys.LEADER_LEASE}); the others wait to take over.",
+    )
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument(
+        "--namespace", default=os.environ.get("POD_NAMESPACE", keys.SYSTEM_NAMESPACE),
+        help="namespace of the leader Lease and the raygate-config ConfigMap (default: $POD_NAMESPACE or "
+        "%(default)s)",
+    )
+    p.add_argument("--metrics-port", type=int, default=8080,
+                   help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
+    p.add_argument("--identity", default=None,
+                   help="leader-election identity (default: $POD_NAME, else hostname and a random suffix)")
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True,
+                   help="elect a leader before acting; --no-leader-elect runs alone (default: on)")
+    p.add_argument("--lease-duration", type=_positive, default=15.0,
+                   help="seconds a standby waits after the last renewal before taking over (default: %(default)s)")
+    p.add_argument("--renew-deadline", type=_positive, default=10.0,
+                   help="seconds the leader keeps trying to renew before it gives up leading (default: %(default)s)")
+    p.add_argument("--retry-period", type=_positive, default=2.0,
+                   help="seconds between lease acquire and renew attempts (default: %(default)s)")
+    p.add_argument("--workers", type=_count, default=4, help="jobs reconciled in parallel (default: %(default)s)")
+    p.add_argument("--resync-seconds", type=_positive, default=300.0,
+                   help="seconds between full passes over every cached job (default: %(default)s)")
+    p.add_argument("--as", dest="impersonate", default=None, metavar="USER",
+                   help="act as USER through impersonation, e.g. system:serviceaccount:raygate-system:"
+                   "raygate-reconciler when run outside the cluster with admin credentials, so that RBAC and the "
+                   "webhook's trusted-user guard apply as in a real install")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from raygate import logs
+    from raygate.configsource import ConfigSource
+    from raygate.kube import ApiError, Kube
+    from reconciler import metrics
+    from reconciler.controller import Controller, Options
+    from reconciler.leader import LeaderElector, LeaseTiming
+
+    try:
+        timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
+    except ValueError as err:
+        raise RaygateError(f"--lease-duration/--renew-deadline/--retry-period: {err}") from None
+    logs.setup(args.log_level)
+    kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler")
+    kube.impersonate = args.impersonate
+    identity = args.identity or default_identity()
+    try:
+        config = ConfigSource(kube, args.namespace).start()
+        controller = Controller(kube, config, Options(workers=args.workers, resync_seconds=args.resync_seconds))
+    except ApiError as err:
+        raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None
+    controller.start_informers()
+    server = metrics.serve(args.metrics_port, controller.not_ready)
+    from prometheus_client import REGISTRY
+
+    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube))
+    log.info("reconciler starting", extra={"identity": identity, "metrics_port": server.server_address[1],
+                                           "provisioning_request_version": controller.provreq_version,
+                                           "pod_groups": "PodGroup" in controller.child_resources})
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while not controller.synced() and not stop.wait(0.1):
+        pass
+    config.loaded.wait(30)
+
+    elector: LeaderElector | None = None
+    if args.leader_elect:
+        elector = LeaderElector(kube, args.namespace, keys.LEADER_LEASE, identity, timing)
+        thread = threading.Thread(target=elector.run, args=(controller.start_workers,), name="leader", daemon=True)
+        thread.start()
+        while not stop.wait(0.2):
+            if elector.lost.is_set():
+                break
+    else:
+        controller.start_workers()
+        stop.wait()
+    controller.stop()
+    if elector is not None:
+        elector.stop()
+        if elector.lost.is_set():
+            # Another replica may be acting now: exit so the Deployment restarts us as a clean standby.
+            raise RaygateError("lost the leader lease; exiting so that only one reconciler acts")
+        elector.release()
+    server.shutdown()
+    log.info("reconciler stopped", extra={"identity": identity})
+    return 0

@@ -86,14 +86,24 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
     return hook
 
 
-def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler") -> None:
+RECONCILER_USER = f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"
+RECONCILER_RBAC = Path(__file__).resolve().parents[2] / "config" / "base" / "rbac-reconciler.yaml"
+
+
+def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler", impersonate: bool = True) -> None:
+    """The reconciler acts as its service account (impersonated, with the install's RBAC), so the
+    webhook's guard trusts its writes to held jobs exactly as in a cluster install."""
     state = cp.load_state()
     if state is None:
         raise RaygateError("start the control plane before the reconciler")
     ensure_system_namespace(cp)
+    as_user: list[str] = []
+    if impersonate:
+        cp.kubectl("apply", "-f", str(RECONCILER_RBAC))
+        as_user = ["--as", RECONCILER_USER]
     cp.spawn(state, name, [
         sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
-        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0", *extra,
+        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0", *as_user, *extra,
     ])
 
 

@@ -1,0 +1,156 @@
+"""Pure builders of the objects the reconciler creates for a job: PodTemplates, the
+ProvisioningRequest and the Volcano PodGroup, with deterministic names and owner references.
+
+Deterministic names are what makes the reconciler crash-safe: a restarted reconciler computes the
+same name, its create answers AlreadyExists, and nothing is ever created twice.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from raygate import keys
+from raygate.kube import JSON
+from raygate.policy import NamespacePolicy
+from raygate.workload import PodSet, Workload, get
+
+MAX_NAME = 63
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+class BadInput(ValueError):
+    """The job cannot be gang-admitted as written; the message says what to change."""
+
+
+def short_hash(*parts: str, length: int = 8) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:length]
+
+
+def _dns(text: str, limit: int) -> str:
+    """Lowercase DNS-1123 label characters, at most `limit` long, no dash at either end."""
+    out = _INVALID.sub("-", text.lower())[:limit].strip("-")
+    return out or "x"
+
+
+def _job_hash(w: Workload) -> str:
+    return short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")))
+
+
+def request_name(w: Workload, attempt: int) -> str:
+    """`<job>-<hash of kind, namespace, name, uid>-a<attempt>`: a new name for every attempt."""
+    suffix = f"-{_job_hash(w)}-a{attempt}"
+    return _dns(w.name, MAX_NAME - len(suffix)) + suffix
+
+
+def template_name(w: Workload, pod_set: str) -> str:
+    """`<job>-<pod set>-<hash>`: one per pod set, shared by all attempts (its content never changes
+    while the job is held). The hash covers the pod set name so two groups whose names shorten to
+    the same text still get different names."""
+    h = short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")), pod_set)
+    set_part = _dns(pod_set, 24)
+    job_part = _dns(w.name, MAX_NAME - len(h) - len(set_part) - 2)
+    return f"{job_part}-{set_part}-{h}"
+
+
+def event_name(w: Workload, reason: str, detail: str = "") -> str:
+    """A deterministic Event name, so a replayed step after a crash records no second Event."""
+    return f"{_dns(w.name, 200)}.{short_hash(w.kind, w.name, reason, detail, length=10)}"
+
+
+def owner_reference(w: Workload) -> JSON:
+    return {
+        "apiVersion": f"{keys.RAY_GROUP}/{keys.RAY_VERSION}",
+        "kind": w.kind,
+        "name": w.name,
+        "uid": str(get(w.obj, ("metadata", "uid"), "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(w: Workload, name: str) -> JSON:
+    return {
+        "name": name,
+        "namespace": w.namespace,
+        "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE},
+        "ownerReferences": [owner_reference(w)],
+    }
+
+
+def controller_uid(obj: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controller (its owning job), if any."""
+    for ref in get(obj, ("metadata", "ownerReferences")) or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("uid") or "") or None
+    return None
+
+
+def controller_key(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of a RayJob or RayCluster controlling `obj`."""
+    for ref in get(obj, ("metadata", "ownerReferences")) or []:
+        if (isinstance(ref, Mapping) and ref.get("controller") is True
+                and ref.get("kind") in (keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND)):
+            return str(ref["kind"]), str(get(obj, ("metadata", "namespace"), "")), str(ref.get("name", ""))
+    return None
+
+
+# --- PodTemplates and the ProvisioningRequest --------------------------------------------------
+
+def _template_of(w: Workload, pod_set: PodSet) -> JSON:
+    if pod_set.template_path is None:
+        raise BadInput(f"pod set {pod_set.name} has no pod template to copy")
+    template = copy.deepcopy(dict(get(w.obj, pod_set.template_path) or {}))
+    # A copy for capacity checking: it must not claim a booking itself.
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
+        annotations.pop(key, None)
+    return template
+
+
+def pod_template(w: Workload, pod_set: PodSet) -> JSON:
+    return {"metadata": child_metadata(w, template_name(w, pod_set.name)), "template": _template_of(w, pod_set)}
+
+
+def parameters(w: Workload, policy: NamespacePolicy) -> dict[str, str]:
+    """The config's parameters, overridden per job by annotations provreq.raygate.io/<Parameter>."""
+    out = dict(policy.provisioning.parameters)
+    for key, value in w.annotations.items():
+        if key.startswith(keys.PROVREQ_PARAM_PREFIX):
+            name = key[len(keys.PROVREQ_PARAM_PREFIX):]
+            if not name:
+                raise BadInput(f"annotation {key} names no parameter: use {keys.PROVREQ_PARAM_PREFIX}<Parameter>")
+            if len(str(value)) > keys.PROVREQ_MAX_PARAM_LEN:
+                raise BadInput(
+                    f"annotation {key} is longer than {keys.PROVREQ_MAX_PARAM_LEN} characters, the limit of a "
+                    "ProvisioningRequest parameter: shorten it"
+                )
+            out[name] = str(value)
+    return out
+
+
+def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespacePolicy, attempt: int,
+                         api_version: str) -> JSON:
+    if not pod_sets:
+        raise BadInput("no pod set requests a managed resource, so there is nothing to provision")
+    if len(pod_sets) > keys.PROVREQ_MAX_POD_SETS:
+        raise BadInput(
+            f"{len(pod_sets)} pod sets request {', '.join(policy.managed_resources)}, but a ProvisioningRequest "
+            f"holds at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"
+        )
+    spec: JSON = {
+        "provisioningClassName": policy.provisioning.class_name,
+        "podSets": [{"podTemplateRef": {"name": template_name(w, p.name)}, "count": p.count} for p in pod_sets],
+    }
+    params = parameters(w, policy)
+    if params:
+        spec["parameters"] = params
+    return {
+        "apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}",
+        "kind": "ProvisioningRequest",
+        "metadata": child_metadata(w, request_name(w, attempt)),
+        "spec": spec,
+    }

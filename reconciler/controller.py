@@ -1,0 +1,329 @@
+"""The watch-and-reconcile loop: informers feed a work queue of job keys; workers run the pure
+flow on what the caches hold and apply its plan.
+
+The caches are the reconciler's only view, and they can lag behind its own writes. Two small
+in-memory notes cover the lag (the job version a patch returned; children just created or
+deleted), so a reconcile right after a write neither repeats it nor undoes it. They are hints:
+correctness comes from the resourceVersion test on every job patch and from deterministic child
+names, which is why a restart with empty notes is safe.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raygate import events, keys, logs
+from raygate.configsource import ConfigSource
+from raygate.informer import Informer
+from raygate.kube import (
+    JSON,
+    JSON_PATCH,
+    PODGROUPS,
+    PODTEMPLATES,
+    RAYCLUSTERS,
+    RAYJOBS,
+    VOLCANO_QUEUES,
+    ApiError,
+    Kube,
+    Resource,
+    provisioning_requests,
+)
+from raygate.workload import Workload, get, owned_by_rayjob
+from reconciler import children, flow, metrics
+from reconciler.podgroup import QueueState, queue_state
+from reconciler.workqueue import Backoff, WorkQueue, run_workers
+
+log = logging.getLogger("raygate.reconciler")
+
+JobKey = tuple[str, str, str]  # (kind, namespace, name)
+ChildKey = tuple[str, str, str]  # (child kind, namespace, name)
+JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
+MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
+REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
+
+
+@dataclass(frozen=True)
+class Options:
+    workers: int = 4
+    resync_seconds: float = 300.0
+
+
+def _meta(obj: JSON, field: str) -> str:
+    return str((obj.get("metadata") or {}).get(field) or "")
+
+
+def served_provreq_version(kube: Kube) -> str | None:
+    for version in keys.PROVREQ_VERSIONS:
+        if kube.served(keys.PROVREQ_GROUP, version):
+            return version
+    return None
+
+
+class Controller:
+    def __init__(self, kube: Kube, config: ConfigSource, options: Options | None = None,
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+        self.kube = kube
+        self.config = config
+        self.options = options or Options()
+        self.clock = clock
+        self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0))
+        self.provreq_version = served_provreq_version(kube)
+        self.child_resources: dict[str, Resource] = {"PodTemplate": PODTEMPLATES}
+        if self.provreq_version:
+            self.child_resources["ProvisioningRequest"] = provisioning_requests(self.provreq_version)
+        if kube.served(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION):
+            self.child_resources["PodGroup"] = PODGROUPS
+        rs = self.options.resync_seconds
+        self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
+                                    handler=self._job_event(kind)) for kind, res in JOB_KINDS.items()}
+        self.children = {kind: Informer(kube, res, label_selector=MANAGED_SELECTOR, resync_seconds=rs,
+                                        handler=self._child_event(kind))
+                         for kind, res in self.child_resources.items()}
+        self._lock = threading.Lock()
+        self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
+        self._fresh: dict[JobKey, tuple[str, JSON]] = {}  # (version patched from, version the patch returned)
+        self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
+        self._gone: set[ChildKey] = set()  # deleted, still in the cache
+        self._workers: list[threading.Thread] = []
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start_informers(self) -> None:
+        for inf in (*self.jobs.values(), *self.children.values()):
+            inf.start()
+
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in (*self.jobs.values(), *self.children.values()))
+
+    def not_ready(self) -> list[str]:
+        missing = [f"{i.resource.plural} cache" for i in (*self.jobs.values(), *self.children.values())
+                   if not i.synced.is_set()]
+        if not self.config.loaded.is_set():
+            missing.append("config")
+        return missing
+
+    def start_workers(self) -> None:
+        """Called once leading: every job is queued, so the new leader picks up every flow."""
+        for kind, inf in self.jobs.items():
+            for obj in inf.items():
+                self.queue.add((kind, _meta(obj, "namespace"), _meta(obj, "name")))
+        self._workers = run_workers(self.queue, self._handle, self.options.workers, name="reconcile")
+
+    def stop(self, grace: float = 5.0) -> None:
+        self.queue.shutdown()
+        for t in self._workers:  # let in-flight reconciles finish before the Lease is released
+            t.join(grace)
+        for inf in (*self.jobs.values(), *self.children.values()):
+            inf.stop()
+
+    def all_jobs(self) -> list[JSON]:
+        return [o for inf in self.jobs.values() for o in inf.items()]
+
+    # --- event handlers (informer threads) ---------------------------------------------------------
+    def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
+        def handle(event: str, obj: JSON) -> None:
+            self.queue.add((kind, _meta(obj, "namespace"), _meta(obj, "name")))
+
+        return handle
+
+    def _child_event(self, kind: str) -> Callable[[str, JSON], None]:
+        def handle(event: str, obj: JSON) -> None:
+            ck: ChildKey = (kind, _meta(obj, "namespace"), _meta(obj, "name"))
+            owner = children.controller_key(obj)
+            with self._lock:
+                if event == "DELETED":
+                    self._gone.discard(ck)
+                    if owner:
+                        self._owned.get(owner, set()).discard(ck)
+                else:
+                    self._created.pop(ck, None)
+                    if owner:
+                        self._owned.setdefault(owner, set()).add(ck)
+            if owner:
+                self.queue.add(owner)
+
+        return handle
+
+    # --- the view -------------------------------------------------------------------------------------
+    def _job(self, key: JobKey) -> JSON | None:
+        kind, ns, name = key
+        obj = self.jobs[kind].get(ns, name)
+        with self._lock:
+            fresh = self._fresh.pop(key, None)
+            if obj is not None and fresh is not None and _meta(obj, "resourceVersion") == fresh[0]:
+                self._fresh[key] = fresh
+                obj = fresh[1]  # the cache still holds the version our own patch replaced
+        if obj is not None and "kind" not in obj:
+            obj = {**obj, "kind": kind, "apiVersion": JOB_KINDS[kind].api_version}
+        return obj
+
+    def _children_of(self, key: JobKey) -> dict[str, list[JSON]]:
+        out: dict[str, list[JSON]] = {k: [] for k in self.child_resources}
+        with self._lock:
+            owned = set(self._owned.get(key, set())) - self._gone
+            created = [(ck, o) for ck, o in self._created.items() if children.controller_key(o) == key]
+        for ck in owned:
+            obj = self.children[ck[0]].get(ck[1], ck[2])
+            if obj is not None:
+                out[ck[0]].append(obj)
+        for ck, obj in created:
+            if ck not in owned:
+                out[ck[0]].append(obj)
+        return out
+
+    # --- reconcile ----------------------------------------------------------------------------------
+    def _handle(self, key: JobKey) -> None:
+        try:
+            self.reconcile(key)
+        except ApiError as err:
+            delay = self.queue.add_rate_limited(key)
+            metrics.RECONCILE_ERRORS.labels(err.reason or str(err.status)).inc()
+            log.warning("reconcile failed, retrying", extra={"kind": key[0], "namespace": key[1], "name": key[2],
+                                                              "error": str(err), "retry_in": round(delay, 2)})
+        except Exception as err:
+            delay = self.queue.add_rate_limited(key)
+            metrics.RECONCILE_ERRORS.labels("Internal").inc()
+            log.exception("reconcile error", extra={"kind": key[0], "namespace": key[1], "name": key[2],
+                                                    "error": str(err), "retry_in": round(delay, 2)})
+        else:
+            self.queue.forget(key)
+
+    def reconcile(self, key: JobKey) -> None:
+        obj = self._job(key)
+        kids = self._children_of(key)
+        if obj is None:
+            self._delete_orphans(kids)  # the job is gone: free its booking now rather than at GC
+            return
+        if key[0] == keys.RAYCLUSTER_KIND and owned_by_rayjob(obj):
+            return  # KubeRay's cluster of an admitted RayJob carries its labels; the RayJob is what we hold
+        uid = _meta(obj, "uid")
+        mine = {k: [c for c in v if children.controller_uid(c) == uid] for k, v in kids.items()}
+        strays = {k: [c for c in v if children.controller_uid(c) != uid] for k, v in kids.items()}
+        self._delete_orphans(strays)  # children of an earlier job of the same name
+        self._reconcile_job(key, obj, mine, retry_conflict=True)
+
+    def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[str, list[JSON]], *, retry_conflict: bool) -> None:
+        w = Workload(obj)
+        policy = self.config.config.policy_for(w.namespace)
+        obs = flow.Observed(
+            requests=tuple(kids.get("ProvisioningRequest", ())), templates=tuple(kids.get("PodTemplate", ())),
+            pod_groups=tuple(kids.get("PodGroup", ())),
+        )
+        queue = flow.queue_to_check(w, policy, obs)
+        if queue is not None:
+            obs = flow.Observed(obs.requests, obs.templates, obs.pod_groups, self._queue_state(queue))
+        now = self.clock()
+        plan = flow.decide(w, obs, policy, now, self.provreq_version)
+        try:
+            self._apply(key, w, obs, plan, now)
+        except RefusedChild as err:
+            # The API server will never take this child as the job is written: a reason, not a retry loop.
+            self._apply(key, w, obs, flow.fail(w, obs, str(err)), now)
+            return
+        except ApiError as err:
+            if not (retry_conflict and _is_conflict(err)):
+                raise
+            # Our view was stale: decide again on the job as the API server has it now.
+            fresh = self.kube.get(JOB_KINDS[key[0]], key[2], key[1])
+            fresh.setdefault("kind", key[0])
+            fresh.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
+            self._reconcile_job(key, fresh, kids, retry_conflict=False)
+            return
+        if plan.requeue_after is not None:
+            self.queue.add_after(key, plan.requeue_after + REQUEUE_SLACK)
+
+    def _queue_state(self, name: str) -> QueueState:
+        if "PodGroup" not in self.child_resources:
+            return QueueState(name, None)
+        try:
+            return queue_state(name, self.kube.get(VOLCANO_QUEUES, name))
+        except ApiError as err:
+            if err.not_found:
+                return queue_state(name, None)
+            raise
+
+    def _apply(self, key: JobKey, w: Workload, obs: flow.Observed, plan: flow.Plan, now: dt.datetime) -> None:
+        job = dict(w.obj)
+        ref = logs.ref(job)
+        for action in plan.actions:
+            if isinstance(action, flow.Create):
+                if not self._create(action):
+                    continue
+                if action.kind == "ProvisioningRequest":
+                    metrics.REQUESTS_CREATED.inc()
+                    if plan.outcome == "retried":
+                        metrics.REQUESTS_RETRIED.inc()
+            elif isinstance(action, flow.Delete):
+                self._delete(key[1], action)
+            elif isinstance(action, flow.PatchJob):
+                if len(action.ops) <= 1:
+                    continue  # only the resourceVersion test: nothing to change
+                old_rv = _meta(job, "resourceVersion")
+                job = self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1], content_type=JSON_PATCH)
+                job.setdefault("kind", key[0])
+                job.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
+                with self._lock:
+                    self._fresh[key] = (old_rv, job)
+                self._count_step(action.step, w, now)
+                log.info("job updated", extra={**ref, "step": action.step, "state": get(
+                    job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
+                    job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
+            elif isinstance(action, flow.Emit):
+                events.record(self.kube, job, action.reason, action.message, warning=action.warning,
+                              name=action.name)
+
+    def _count_step(self, step: str, w: Workload, now: dt.datetime) -> None:
+        if step in ("retry", "fail") and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
+            metrics.REQUESTS_FAILED.inc()
+        if step == "admit":
+            created = flow.parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+            if created is not None:
+                metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
+
+    def _create(self, action: flow.Create) -> bool:
+        """Create a child; AlreadyExists is success (a replay after a crash). True when newly created."""
+        meta = action.obj["metadata"]
+        ck: ChildKey = (action.kind, meta["namespace"], meta["name"])
+        res = self.child_resources.get(action.kind)
+        if res is None:
+            raise ApiError(404, {"reason": "NotServed", "message": f"{action.kind} is not served by this cluster"},
+                           "POST", action.kind)
+        try:
+            created = self.kube.create(res, action.obj, meta["namespace"])
+        except ApiError as err:
+            if err.already_exists:
+                return False
+            if err.status in (400, 422):
+                raise RefusedChild(f"the API server refused {action.kind} {meta['name']}: {err.message}") from None
+            raise
+        with self._lock:
+            self._created[ck] = created
+        return True
+
+    def _delete(self, namespace: str, action: flow.Delete) -> None:
+        res = self.child_resources.get(action.kind)
+        if res is None:
+            return
+        self.kube.delete(res, action.name, namespace)
+        with self._lock:
+            ck = (action.kind, namespace, action.name)
+            self._created.pop(ck, None)
+            if self.children[action.kind].get(namespace, action.name) is not None:
+                self._gone.add(ck)
+
+    def _delete_orphans(self, kids: dict[str, list[JSON]]) -> None:
+        for kind, objs in kids.items():
+            for obj in objs:
+                self._delete(_meta(obj, "namespace"), flow.Delete(kind, _meta(obj, "name")))
+
+
+class RefusedChild(Exception):
+    """A child object the API server rejects as invalid (400/422): retrying cannot help."""
+
+
+def _is_conflict(err: ApiError) -> bool:
+    # A failed resourceVersion test in a JSON patch is answered 422 ("the server rejected our request").
+    return err.conflict or (err.status == 422 and "test" in err.message.lower())

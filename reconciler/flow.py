@@ -1,0 +1,463 @@
+"""The reconciler's decision, as a pure function: (job, its observed children, policy, now) -> plan.
+
+Level-triggered: everything it needs is on the job (state label and annotations) or among the
+children the cluster holds, so a reconciler restarted at any instant decides the same thing again.
+Every write to the job is a JSON patch that first tests the resourceVersion, so a decision made on
+a stale view fails with a conflict instead of overwriting a newer one.
+
+Per attempt n a job has one ProvisioningRequest, named `<job>-<hash>-a<n>`. The job's annotations
+say which request is current; any other request the job owns is stale and is deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raygate import keys
+from raygate.kube import JSON
+from raygate.policy import CapacityRevokedAction, Mode, NamespacePolicy
+from raygate.workload import ManifestError, PodSet, Workload, get
+from reconciler import children, podgroup
+from reconciler.children import BadInput
+from reconciler.podgroup import QueueState
+from webhook.patch import PatchBuilder, PatchOp
+
+QUEUE_RECHECK_SECONDS = 10.0
+STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
+
+
+def _annotation(key: str) -> tuple[str, ...]:
+    return ("metadata", "annotations", key)
+
+
+# --- what the reconciler observed -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Observed:
+    requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls
+    templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
+    pod_groups: tuple[JSON, ...] = ()  # PodGroups raygate created for this job
+    queue: QueueState | None = None  # volcano mode, PodGroup still to create: its queue
+
+    def request(self, name: str) -> JSON | None:
+        return next((r for r in self.requests if _name(r) == name), None)
+
+    def template_names(self) -> set[str]:
+        return {_name(t) for t in self.templates}
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(get(obj, ("metadata", "name"), ""))
+
+
+@dataclass(frozen=True)
+class Condition:
+    status: str
+    reason: str
+    message: str
+
+    @property
+    def true(self) -> bool:
+        return self.status == "True"
+
+
+def conditions(obj: Mapping[str, Any]) -> dict[str, Condition]:
+    out = {}
+    for c in get(obj, ("status", "conditions")) or []:
+        if isinstance(c, Mapping) and c.get("type"):
+            out[str(c["type"])] = Condition(str(c.get("status", "")), str(c.get("reason") or ""),
+                                            str(c.get("message") or ""))
+    return out
+
+
+# --- what the reconciler does -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Create:
+    kind: str  # PodTemplate, ProvisioningRequest, PodGroup
+    obj: JSON
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchJob:
+    ops: tuple[PatchOp, ...]
+    step: str  # provisioning, admit, retry, fail, requeue, hold, report
+
+
+@dataclass(frozen=True)
+class Emit:
+    reason: str  # PascalCase
+    message: str
+    warning: bool = False
+    name: str | None = None  # deterministic, so a replay records no second Event
+
+
+Action = Create | Delete | PatchJob | Emit
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    requeue_after: float | None = None
+    outcome: str = "none"  # for logs and metrics
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def timestamp(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: object) -> dt.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _int(text: object) -> int | None:
+    try:
+        value = int(str(text))
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def _builder(w: Workload) -> PatchBuilder:
+    """A patch that applies only to the version of the job the decision was made on."""
+    b = PatchBuilder(w.obj)
+    b.ops.append({"op": "test", "path": "/metadata/resourceVersion",
+                  "value": str(get(w.obj, ("metadata", "resourceVersion"), ""))})
+    return b
+
+
+def _patch(b: PatchBuilder, step: str) -> PatchJob:
+    return PatchJob(tuple(b.ops), step)
+
+
+def _delete_requests(obs: Observed, keep: str | None = None) -> list[Action]:
+    return [Delete("ProvisioningRequest", _name(r)) for r in obs.requests if _name(r) != keep]
+
+
+def _delete_all(obs: Observed) -> list[Action]:
+    out = _delete_requests(obs)
+    out += [Delete("PodTemplate", _name(t)) for t in obs.templates]
+    return out
+
+
+def mode_of(w: Workload, policy: NamespacePolicy) -> Mode:
+    """The mode the webhook applied to this job (the config may have changed since)."""
+    try:
+        return Mode(w.annotations.get(keys.MODE_ANNOTATION) or policy.mode)
+    except ValueError:
+        return policy.mode
+
+
+@dataclass(frozen=True)
+class Gang:
+    """What one job needs: the pod sets that go into a request, and the PodGroup (volcano)."""
+
+    managed: tuple[PodSet, ...]
+    provision: bool
+    pod_group: podgroup.PodGroupSpec | None
+
+
+def gang_of(w: Workload, policy: NamespacePolicy) -> Gang:
+    """Raises BadInput for a job that cannot be admitted as written."""
+    try:
+        managed = tuple(w.gang().managed_pod_sets(policy.managed_resources))
+    except ManifestError as err:
+        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    group = podgroup.recorded(w)
+    if mode_of(w, policy) is Mode.VOLCANO and group is None:
+        raise BadInput(f"volcano mode needs the PodGroup spec in annotation {keys.POD_GROUP_ANNOTATION}, "
+                       "which the webhook writes at creation: re-create the job")
+    if len(managed) > keys.PROVREQ_MAX_POD_SETS and policy.provisions:
+        raise BadInput(
+            f"{len(managed)} pod sets request {', '.join(policy.managed_resources)}, but a ProvisioningRequest "
+            f"holds at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"
+        )
+    return Gang(managed, policy.provisions and bool(managed), group)
+
+
+def queue_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> str | None:
+    """The Volcano queue to look up before deciding (the controller reads it), or None."""
+    if w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.pod_groups:
+        return None
+    try:
+        group = podgroup.recorded(w)
+    except BadInput:
+        return None
+    return group.queue if group is not None else None
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+           provreq_version: str | None = keys.PROVREQ_VERSIONS[0]) -> Plan:
+    """`provreq_version`: the ProvisioningRequest API version served (None: not installed)."""
+    if not policy.holds or mode_of(w, policy) is Mode.KUEUE:
+        return Plan(outcome="not-held")  # Kueue owns suspend in kueue mode
+    if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
+        actions = _delete_all(obs)
+        actions += [Delete("PodGroup", _name(g)) for g in obs.pod_groups]
+        return Plan(actions, outcome="cleanup" if actions else "finished")
+    state = w.labels.get(keys.STATE_LABEL)
+    if state == keys.State.PENDING:
+        return _pending(w, obs, policy, now, provreq_version)
+    if state == keys.State.PROVISIONING:
+        return _provisioning(w, obs, policy, now, provreq_version)
+    if state == keys.State.ADMITTED:
+        return _admitted(w, obs, policy, now)
+    if state == keys.State.FAILED:
+        actions = _delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
+        return Plan(actions, outcome="cleanup" if actions else "failed")
+    return Plan(outcome="unknown-state")
+
+
+def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob") -> Plan:
+    """Give up on the job: state Failed with the reason, an Event, its requests and templates deleted.
+
+    The job stays suspended. Relabelling it Pending starts over at attempt 1.
+    """
+    b = _builder(w)
+    b.set(STATE_PATH, keys.State.FAILED.value)
+    b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
+    b.remove(_annotation(keys.REQUEST_ANNOTATION))
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    restart = (f"kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
+               f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite")
+    actions: list[Action] = [
+        _patch(b, "fail"),
+        Emit(event_reason, f"{message}. The job stays suspended; to start over run: {restart}", warning=True,
+             name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
+    ]
+    return Plan([*actions, *_delete_all(obs)], outcome="failed")
+
+
+def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str = "") -> None:
+    """Keep the job held and say why: the reason annotation and one Event, only when it changes."""
+    if w.annotations.get(keys.REASON_ANNOTATION) == reason:
+        return
+    b = _builder(w)
+    b.set(_annotation(keys.REASON_ANNOTATION), reason)
+    plan.actions += [_patch(b, "hold"),
+                     Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, detail))]
+
+
+def _pending_attempt(w: Workload) -> int:
+    """The attempt a Pending job starts: the one a requeue recorded, else 1.
+
+    A job relabelled Pending after Failed has no current request (giving up removes it), so it
+    starts over at attempt 1.
+    """
+    attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
+    if attempt and w.annotations.get(keys.REQUEST_ANNOTATION) == children.request_name(w, attempt):
+        return attempt
+    return 1
+
+
+def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, gang: Gang, attempt: int,
+                    version: str | None) -> list[Action]:
+    """PodTemplates first (a request whose templates are missing fails), then the request."""
+    if version is None:
+        raise BadInput(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP}): install the "
+                       "cluster-autoscaler's CRD, or turn provisioning off for this namespace in raygate-config")
+    actions: list[Action] = []
+    have = obs.template_names()
+    for p in gang.managed:
+        t = children.pod_template(w, p)
+        if _name(t) not in have:
+            actions.append(Create("PodTemplate", t))
+    pr = children.provisioning_request(w, list(gang.managed), policy, attempt, version)
+    if obs.request(_name(pr)) is None:
+        actions.append(Create("ProvisioningRequest", pr))
+    return actions
+
+
+def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None) -> Plan:
+    try:
+        gang = gang_of(w, policy)
+        attempt = _pending_attempt(w)
+        name = children.request_name(w, attempt)
+        plan = Plan(_delete_requests(obs, keep=name if gang.provision else None))
+        if gang.pod_group is not None and not obs.pod_groups:
+            queue = obs.queue or QueueState(gang.pod_group.queue, None)
+            if not queue.open:
+                _hold(w, queue.why_closed(), "QueueNotOpen", plan, f"{queue.name}/{queue.state}")
+                plan.requeue(min(QUEUE_RECHECK_SECONDS, policy.retry.base_seconds))
+                plan.outcome = "queue-closed"
+                return plan
+            plan.actions.append(Create("PodGroup", podgroup.pod_group(w, gang.pod_group)))
+        if not gang.provision:
+            return _admit(w, plan, None, policy, gang, now)
+        plan.actions += _ensure_request(w, obs, policy, gang, attempt, version)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    b = _builder(w)
+    b.set(STATE_PATH, keys.State.PROVISIONING.value)
+    b.set(_annotation(keys.REQUEST_ANNOTATION), name)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
+    b.set(_annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} to be Provisioned")
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    counts = ", ".join(f"{p.name} x{p.count}" for p in gang.managed)
+    plan.actions += [
+        _patch(b, "provisioning"),
+        Emit("ProvisioningRequestCreated",
+             f"held until ProvisioningRequest {name} ({policy.provisioning.class_name}; {counts}) is Provisioned",
+             name=children.event_name(w, "ProvisioningRequestCreated", name)),
+    ]
+    plan.requeue(policy.provisioning.provisioned_timeout_seconds)
+    plan.outcome = "requested"
+    return plan
+
+
+def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy, gang: Gang,
+           now: dt.datetime) -> Plan:
+    """One patch: consume annotations on the booked pod templates, unsuspend, state Admitted."""
+    b = _builder(w)
+    if request is not None:
+        for p in gang.managed:
+            if p.template_path is None:
+                continue
+            b.set((*p.template_path, "metadata", "annotations", keys.CONSUME_ANNOTATION), request)
+            b.set((*p.template_path, "metadata", "annotations", keys.CLASS_ANNOTATION),
+                  policy.provisioning.class_name)
+    b.set(("spec", "suspend"), False)
+    b.set(STATE_PATH, keys.State.ADMITTED.value)
+    b.set(_annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    if request is not None:
+        why = f"ProvisioningRequest {request} is Provisioned"
+    elif gang.pod_group is not None:
+        why = f"PodGroup {gang.pod_group.name} in Volcano queue {gang.pod_group.queue} gang-schedules the pods"
+    elif gang.managed:
+        why = "ProvisioningRequests are disabled for this namespace"
+    else:
+        why = (f"no pod set requests {', '.join(policy.managed_resources)}, so no capacity request was needed")
+    b.set(_annotation(keys.REASON_ANNOTATION), f"admitted: {why}")
+    plan.actions += [
+        _patch(b, "admit"),
+        Emit("Admitted", f"unsuspended: {why}", name=children.event_name(w, "Admitted", request or "")),
+    ]
+    plan.outcome = "admitted"
+    return plan
+
+
+def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+                  version: str | None) -> Plan:
+    attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
+    name = w.annotations.get(keys.REQUEST_ANNOTATION)
+    if attempt is None or name != children.request_name(w, attempt):
+        return _pending(w, obs, policy, now, version)  # annotations lost or edited: begin again, as Pending
+    try:
+        gang = gang_of(w, policy)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    plan = Plan(_delete_requests(obs, keep=name))
+    due = parse_time(w.annotations.get(keys.NEXT_ATTEMPT_ANNOTATION))
+    if due is not None and now < due:
+        plan.requeue((due - now).total_seconds())
+        plan.outcome = "backoff"
+        return plan
+    pr = obs.request(name)
+    if pr is None:
+        try:
+            plan.actions += _ensure_request(w, obs, policy, gang, attempt, version)
+        except BadInput as err:
+            return fail(w, obs, str(err))
+        plan.requeue(policy.provisioning.provisioned_timeout_seconds)
+        plan.outcome = "retried" if attempt > 1 else "requested"
+        return plan
+    cond = conditions(pr)
+    for ctype, why in (("Failed", "failed"), ("BookingExpired", "lost its booking before the job was admitted"),
+                       ("CapacityRevoked", "lost its capacity before the job was admitted")):
+        c = cond.get(ctype)
+        if c is not None and c.true:
+            return _retry_or_fail(w, obs, policy, now, attempt, name, why, c, plan)
+    accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
+    if accepted and accepted.true and provisioned and provisioned.true:
+        return _admit(w, plan, name, policy, gang, now)
+    created = parse_time(get(pr, ("metadata", "creationTimestamp"))) or now
+    left = policy.provisioning.provisioned_timeout_seconds - (now - created).total_seconds()
+    if left <= 0:
+        timeout = Condition("True", "ProvisionedTimeout", f"not Provisioned within "
+                            f"{policy.provisioning.provisioned_timeout_seconds:g}s")
+        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", timeout, plan)
+    if provisioned is not None and not provisioned.true and provisioned.reason:
+        msg = f": {provisioned.message}" if provisioned.message else ""
+        _hold(w, f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}", "WaitingForCapacity",
+              plan, f"{name}/{provisioned.reason}")
+    plan.requeue(left)
+    plan.outcome = "waiting"
+    return plan
+
+
+def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, attempt: int, name: str,
+                   why: str, cond: Condition, plan: Plan) -> Plan:
+    detail = f"{cond.reason}: {cond.message}" if cond.message else cond.reason
+    if attempt > policy.retry.limit:
+        return fail(w, obs, f"ProvisioningRequest {name} {why} ({detail}); gave up after {attempt} attempt"
+                            f"{'s' if attempt > 1 else ''}", event_reason="ProvisioningFailed")
+    delay = policy.retry.delay(attempt)
+    due = now + dt.timedelta(seconds=delay)
+    nxt = children.request_name(w, attempt + 1)
+    b = _builder(w)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
+    b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.set(_annotation(keys.NEXT_ATTEMPT_ANNOTATION), timestamp(due))
+    reason = f"ProvisioningRequest {name} {why} ({detail}); attempt {attempt + 1} as {nxt} after {timestamp(due)}"
+    b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
+    # The patch comes first: if the reconciler dies before the delete, the stale request is deleted next time.
+    plan.actions = [_patch(b, "retry"),
+                    Emit("ProvisioningRetry", reason, warning=True, name=children.event_name(w, "Retry", name)),
+                    *_delete_requests(obs, keep=nxt)]
+    plan.requeue(delay)
+    plan.outcome = "retry"
+    return plan
+
+
+def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
+    name = w.annotations.get(keys.REQUEST_ANNOTATION)
+    plan = Plan(_delete_requests(obs, keep=name), outcome="admitted")
+    pr = obs.request(name) if name else None
+    revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
+    if revoked is None or not revoked.true or name is None:
+        return plan
+    detail = f"{revoked.reason}: {revoked.message}" if revoked.message else revoked.reason
+    if policy.provisioning.capacity_revoked is CapacityRevokedAction.REPORT:
+        _hold(w, f"capacity of ProvisioningRequest {name} was revoked ({detail}); the job keeps running",
+              "CapacityRevoked", plan, name)
+        plan.outcome = "revoked-reported"
+        return plan
+    attempt = (_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1) + 1
+    nxt = children.request_name(w, attempt)
+    reason = f"capacity of ProvisioningRequest {name} was revoked ({detail}); suspended and queued again as {nxt}"
+    b = _builder(w)
+    b.set(("spec", "suspend"), True)
+    b.set(STATE_PATH, keys.State.PENDING.value)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
+    b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
+    b.remove(_annotation(keys.ADMITTED_AT_ANNOTATION))
+    plan.actions = [_patch(b, "requeue"),
+                    Emit("CapacityRevoked", reason, warning=True, name=children.event_name(w, "Revoked", name)),
+                    *_delete_requests(obs, keep=nxt)]
+    plan.outcome = "requeued"
+    return plan

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the reconciler (prefix raygate_reconciler_), and the small HTTP server
+for /metrics, /healthz and /readyz the Deployment's probes use."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from raygate import keys
+from raygate.kube import JSON, Kube
+
+log = logging.getLogger("raygate.reconciler")
+
+REQUESTS_CREATED = Counter("raygate_reconciler_requests_created", "ProvisioningRequests created.")
+REQUESTS_FAILED = Counter(
+    "raygate_reconciler_requests_failed",
+    "ProvisioningRequests that failed, lost their booking or timed out before the job was admitted.",
+)
+REQUESTS_RETRIED = Counter("raygate_reconciler_requests_retried", "ProvisioningRequests created as a retry.")
+RECONCILE_ERRORS = Counter(
+    "raygate_reconciler_reconcile_errors", "Reconciles that failed and were retried with backoff.", ["reason"]
+)
+ADMISSION_SECONDS = Histogram(
+    "raygate_reconciler_admission_seconds",
+    "Seconds from a job's creation to its admission (state Admitted).",
+    ["kind"],
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
+)
+
+
+class StateCollector(Collector):
+    """raygate_reconciler_jobs{state}: held and admitted jobs, counted from the caches at scrape time."""
+
+    def __init__(self, jobs: Callable[[], Iterable[JSON]], kube: Kube) -> None:
+        self._jobs = jobs
+        self._kube = kube
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        counts: Tally[str] = Tally()
+        for obj in self._jobs():
+            counts[str(((obj.get("metadata") or {}).get("labels") or {}).get(keys.STATE_LABEL, ""))] += 1
+        g = GaugeMetricFamily("raygate_reconciler_jobs", "Ray jobs and clusters by raygate state.", labels=["state"])
+        for state in keys.State:
+            g.add_metric([state.value], counts.get(state.value, 0))
+        yield g
+        c = CounterMetricFamily("raygate_reconciler_api_requests", "API requests made, by method.",
+                                labels=["method"])
+        for method, n in sorted(self._kube.requests.items()):
+            c.add_metric([method], n)
+        yield c
+
+
+def serve(port: int, ready: Callable[[], list[str]]) -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz and /readyz on `port` (0: any free port) in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.startswith("/metrics"):
+                self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            elif self.path.startswith("/healthz"):
+                self._send(200, b"ok\n")
+            elif self.path.startswith("/readyz"):
+                missing = ready()
+                self._send(503 if missing else 200, (f"waiting for {', '.join(missing)}" if missing else "ok")
+                           .encode() + b"\n")
+            else:
+                self._send(404, b"not found\n")
+
+        def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # probes every few seconds would drown the log
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,153 @@
+"""A work queue of object keys: deduplicated, one worker per key at a time, per-key backoff.
+
+The same shape as client-go's rate-limited queue: a key added while it waits is queued once; a key
+added while a worker holds it is queued again when the worker is done, so no change is lost and no
+key is processed by two workers at once; failures back off per key, so one bad job never stalls
+the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base_seconds: float = 0.05
+    max_seconds: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.base_seconds * 2 ** max(failures - 1, 0), self.max_seconds))
+
+
+@dataclass
+class WorkQueue(Generic[K]):
+    backoff: Backoff = field(default_factory=Backoff)
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: list[K] = []  # FIFO of keys that may be handed out
+        self._queued: set[K] = set()  # keys in _ready or waiting to re-enter it after processing
+        self._processing: set[K] = set()
+        self._delayed: list[tuple[float, int, K]] = []  # heap of (due, seq, key)
+        self._seq = 0
+        self._failures: dict[K, int] = {}
+        self._shutdown = False
+
+    def add(self, key: K) -> None:
+        with self._cond:
+            if self._shutdown or key in self._queued:
+                return
+            self._queued.add(key)
+            if key not in self._processing:
+                self._ready.append(key)
+                self._cond.notify()
+
+    def add_after(self, key: K, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        with self._cond:
+            if self._shutdown:
+                return
+            self._seq += 1
+            heapq.heappush(self._delayed, (self.clock() + delay, self._seq, key))
+            self._cond.notify()
+
+    def add_rate_limited(self, key: K) -> float:
+        """Queue `key` again after its own backoff; returns the delay chosen."""
+        with self._cond:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+        delay = self.backoff.delay(failures)
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def _promote_due(self) -> float | None:
+        """Move due delayed keys to the ready list; return seconds until the next one is due."""
+        now = self.clock()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            if key not in self._queued:
+                self._queued.add(key)
+                if key not in self._processing:
+                    self._ready.append(key)
+        return self._delayed[0][0] - now if self._delayed else None
+
+    def get(self, timeout: float | None = None) -> K | None:
+        """The next key to work on (mark it done afterwards), or None on shutdown or timeout."""
+        deadline = None if timeout is None else self.clock() + timeout
+        with self._cond:
+            while True:
+                if self._shutdown:
+                    return None
+                wait = self._promote_due()
+                if self._ready:
+                    key = self._ready.pop(0)
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                if deadline is not None:
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        return None
+                    wait = left if wait is None else min(wait, left)
+                self._cond.wait(wait)
+
+    def done(self, key: K) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._queued:  # added again while it was being worked on
+                self._ready.append(key)
+                self._cond.notify()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._shutdown = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready) + len(self._delayed)
+
+
+def run_workers(queue: WorkQueue[K], handle: Callable[[K], None], count: int, name: str = "worker") -> list[
+        threading.Thread]:
+    """Start `count` daemon threads that take keys from `queue` and call `handle` until shutdown.
+
+    `handle` owns error handling (it decides between forget and add_rate_limited); an exception
+    escaping it is a bug, so the key is retried with backoff rather than lost.
+    """
+
+    def loop() -> None:
+        while True:
+            key = queue.get()
+            if key is None:
+                return
+            try:
+                handle(key)
+            except Exception:
+                queue.add_rate_limited(key)
+            finally:
+                queue.done(key)
+
+    threads = [threading.Thread(target=loop, name=f"{name}-{i}", daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    return threads

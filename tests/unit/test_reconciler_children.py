@@ -1,0 +1,171 @@
+"""Builders of the reconciler's children: deterministic names, owner references, counts, parameters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from raygate import keys
+from raygate.policy import NamespacePolicy, merge_override
+from raygate.workload import Workload
+from reconciler import children, podgroup
+from reconciler.children import BadInput
+
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+
+
+def group(name: str, replicas: int = 1, hosts: int = 1, resources: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "numOfHosts": hosts,
+        "template": {"metadata": {"annotations": {"keep": "me"}},
+                     "spec": {"containers": [{"name": "w", "image": "ray", "resources": resources or GPU}]}},
+    }
+
+
+def rayjob(name: str = "train", *groups: dict[str, Any], annotations: dict[str, str] | None = None,
+           uid: str = "uid-1") -> Workload:
+    return Workload({
+        "apiVersion": "ray.io/v1", "kind": "RayJob",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "7",
+                     "labels": {keys.STATE_LABEL: "Pending"}, "annotations": annotations or {}},
+        "spec": {"suspend": True, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
+            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray"}]}}},
+            "workerGroupSpecs": list(groups) or [group("gpu")],
+        }},
+    })
+
+
+def policy(**override: Any) -> NamespacePolicy:
+    return merge_override(NamespacePolicy(), override)
+
+
+@pytest.mark.parametrize(("name", "pod_set", "attempt"), [
+    ("train", "gpu", 1),
+    ("a" * 63, "gpu", 12),
+    ("Upper_Case.job", "Group_With.Dots", 3),
+    ("x" * 40, "y" * 60, 100),
+])
+def test_names_are_dns_labels_of_at_most_63(name: str, pod_set: str, attempt: int) -> None:
+    w = rayjob(name)
+    for n in (children.request_name(w, attempt), children.template_name(w, pod_set)):
+        assert len(n) <= 63
+        assert n == n.lower() and not n.startswith("-") and not n.endswith("-")
+        assert all(c.isalnum() or c == "-" for c in n)
+    assert children.request_name(w, attempt).endswith(f"-a{attempt}")
+
+
+def test_names_are_deterministic_and_differ_by_uid_attempt_and_pod_set() -> None:
+    w, same, other = rayjob(uid="u1"), rayjob(uid="u1"), rayjob(uid="u2")
+    assert children.request_name(w, 1) == children.request_name(same, 1)
+    assert children.request_name(w, 1) != children.request_name(other, 1)
+    assert children.request_name(w, 1) != children.request_name(w, 2)
+    long_a, long_b = "g" * 40 + "a", "g" * 40 + "b"  # shorten to the same text
+    assert children.template_name(w, long_a) != children.template_name(w, long_b)
+
+
+def test_owner_reference_is_the_controlling_job() -> None:
+    w = rayjob()
+    pt = children.pod_template(w, w.gang().managed_pod_sets(["nvidia.com/gpu"])[0])
+    assert pt["metadata"]["ownerReferences"] == [{
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "name": "train", "uid": "uid-1",
+        "controller": True, "blockOwnerDeletion": True,
+    }]
+    assert pt["metadata"]["labels"] == {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE}
+    assert children.controller_uid(pt) == "uid-1"
+    assert children.controller_key(pt) == ("RayJob", "ns", "train")
+
+
+def test_pod_template_copies_the_template_without_a_consume_annotation() -> None:
+    g = group("gpu")
+    g["template"]["metadata"]["annotations"][keys.CONSUME_ANNOTATION] = "old-request"
+    w = rayjob("train", g)
+    pt = children.pod_template(w, w.gang().managed_pod_sets(["nvidia.com/gpu"])[0])
+    assert pt["template"]["metadata"]["annotations"] == {"keep": "me"}
+    assert pt["template"]["spec"] == g["template"]["spec"]
+    assert w.obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"][
+        keys.CONSUME_ANNOTATION] == "old-request"  # the job itself is untouched
+
+
+@pytest.mark.parametrize(("groups", "expected"), [
+    ([group("gpu", replicas=3)], [("gpu", 3)]),
+    ([group("gpu", replicas=2, hosts=4)], [("gpu", 8)]),
+    ([group("cpu", resources={"requests": {"cpu": "1"}}), group("gpu", replicas=2)], [("gpu", 2)]),
+    ([group("a", replicas=1, hosts=2), group("b", replicas=5)], [("a", 2), ("b", 5)]),
+])
+def test_request_counts_pods_of_gpu_sets_only(groups: list[dict[str, Any]], expected: list[tuple[str, int]]) -> None:
+    w = rayjob("train", *groups)
+    sets = w.gang().managed_pod_sets(["nvidia.com/gpu"])
+    pr = children.provisioning_request(w, sets, policy(), 2, "v1")
+    assert pr["apiVersion"] == "autoscaling.x-k8s.io/v1"
+    assert pr["metadata"]["name"] == children.request_name(w, 2)
+    assert pr["spec"]["provisioningClassName"] == keys.CHECK_CAPACITY_CLASS
+    assert [(ps["podTemplateRef"]["name"], ps["count"]) for ps in pr["spec"]["podSets"]] == [
+        (children.template_name(w, n), c) for n, c in expected]
+
+
+@pytest.mark.parametrize(("config", "annotations", "expected"), [
+    ({}, {}, None),
+    ({"noRetry": "true"}, {}, {"noRetry": "true"}),
+    ({"noRetry": "true"}, {"provreq.raygate.io/noRetry": "false"}, {"noRetry": "false"}),
+    ({}, {"provreq.raygate.io/processorInstance": "p5"}, {"processorInstance": "p5"}),
+])
+def test_parameters_from_config_with_per_job_overrides(config: dict[str, str], annotations: dict[str, str],
+                                                        expected: dict[str, str] | None) -> None:
+    w = rayjob("train", annotations=annotations)
+    pr = children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]),
+                                       policy(provisioning={"parameters": config}), 1, "v1beta1")
+    assert pr["apiVersion"] == "autoscaling.x-k8s.io/v1beta1"
+    assert pr["spec"].get("parameters") == expected
+
+
+@pytest.mark.parametrize(("annotations", "message"), [
+    ({"provreq.raygate.io/x": "v" * 256}, "longer than 255"),
+    ({"provreq.raygate.io/": "v"}, "names no parameter"),
+])
+def test_bad_parameter_overrides_are_refused_with_a_reason(annotations: dict[str, str], message: str) -> None:
+    w = rayjob("train", annotations=annotations)
+    with pytest.raises(BadInput, match=message):
+        children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), 1, "v1")
+
+
+def test_more_than_32_pod_sets_is_refused() -> None:
+    w = rayjob("train", *[group(f"g{i}") for i in range(33)])
+    with pytest.raises(BadInput, match="at most 32"):
+        children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), 1, "v1")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{not json", "not valid JSON"),
+    ('["a"]', "minMember"),
+    ('{"minMember": 3}', "names no queue"),
+])
+def test_corrupted_pod_group_annotation_is_bad_input(text: str, message: str) -> None:
+    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text})
+    with pytest.raises(BadInput, match=message):
+        podgroup.recorded(w)
+
+
+def test_pod_group_from_the_recorded_spec() -> None:
+    spec = {"minMember": 3, "minResources": {"nvidia.com/gpu": "2"}, "queue": "team-a"}
+    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
+    recorded = podgroup.recorded(w)
+    assert recorded is not None and recorded.queue == "team-a"
+    pg = podgroup.pod_group(w, recorded)
+    assert pg["metadata"]["name"] == "ray-train-pg"  # the name the pods' group-name annotation points to
+    assert pg["spec"] == spec
+    assert pg["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+@pytest.mark.parametrize(("queue", "is_open", "words"), [
+    (None, False, "does not exist"),
+    ({"status": {"state": "Closed"}}, False, "is Closed"),
+    ({"status": {}}, False, "not reported"),
+    ({"status": {"state": "Open"}}, True, ""),
+])
+def test_queue_state(queue: dict[str, Any] | None, is_open: bool, words: str) -> None:
+    q = podgroup.queue_state("team-a", queue)
+    assert q.open is is_open
+    if not is_open:
+        assert "team-a" in q.why_closed() and words in q.why_closed()

@@ -1,0 +1,334 @@
+"""The pure decision: job + observed children + policy + now -> actions. One case per behaviour."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from raygate import keys
+from raygate.policy import NamespacePolicy, merge_override
+from raygate.workload import Workload
+from reconciler import children, flow
+from reconciler.flow import Create, Delete, Emit, Observed, PatchJob, Plan
+from reconciler.podgroup import QueueState
+
+NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+CPU = {"requests": {"cpu": "1"}}
+
+
+def job(state: str = "Pending", *, gpu: bool = True, annotations: dict[str, str] | None = None,
+        suspend: bool = True, status: dict[str, Any] | None = None, workers: int = 2) -> Workload:
+    return Workload({
+        "apiVersion": "ray.io/v1", "kind": "RayJob",
+        "metadata": {"name": "train", "namespace": "ns", "uid": "u1", "resourceVersion": "41",
+                     "creationTimestamp": "2030-01-01T11:59:00Z",
+                     "labels": {keys.STATE_LABEL: state},
+                     "annotations": {keys.MODE_ANNOTATION: "provisioning", **(annotations or {})}},
+        "spec": {"suspend": suspend, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
+            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray",
+                                                                     "resources": CPU}]}}},
+            "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers, "minReplicas": 0, "maxReplicas": 9,
+                                  "template": {"spec": {"containers": [
+                                      {"name": "w", "image": "ray", "resources": GPU if gpu else CPU}]}}}],
+        }},
+        "status": status or {},
+    })
+
+
+def policy(**override: Any) -> NamespacePolicy:
+    base = {"retry": {"limit": 2, "baseSeconds": 10, "maxSeconds": 15},
+            "provisioning": {"provisionedTimeoutSeconds": 300}}
+    return merge_override(NamespacePolicy(), {**base, **override})
+
+
+def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float = 5) -> dict[str, Any]:
+    created = (NOW - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pr = children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), attempt, "v1")
+    pr["metadata"]["creationTimestamp"] = created
+    pr["status"] = {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{t} says {r}"}
+                                   for t, s, r in conds]}
+    return pr
+
+
+def templates(w: Workload) -> tuple[dict[str, Any], ...]:
+    return tuple(children.pod_template(w, p) for p in w.gang().managed_pod_sets(["nvidia.com/gpu"]))
+
+
+def provisioning(attempt: int = 1, **extra: str) -> Workload:
+    w = job()
+    return job("Provisioning", annotations={keys.ATTEMPT_ANNOTATION: str(attempt),
+                                            keys.REQUEST_ANNOTATION: children.request_name(w, attempt), **extra})
+
+
+def applied(w: Workload, plan: Plan) -> dict[str, Any]:
+    """The job after the plan's patches, applied as the API server would."""
+    obj = json.loads(json.dumps(w.obj))
+    for a in plan.actions:
+        if isinstance(a, PatchJob):
+            obj = jsonpatch.apply_patch(obj, list(a.ops))
+    return dict(obj)
+
+
+def kinds(plan: Plan) -> list[str]:
+    out = []
+    for a in plan.actions:
+        if isinstance(a, Create):
+            out.append(f"create {a.kind}")
+        elif isinstance(a, Delete):
+            out.append(f"delete {a.kind} {a.name}")
+        elif isinstance(a, PatchJob):
+            out.append(f"patch {a.step}")
+        elif isinstance(a, Emit):
+            out.append(f"event {a.reason}")
+    return out
+
+
+def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
+    w = job(gpu=False)
+    plan = flow.decide(w, Observed(), policy(), NOW)
+    assert kinds(plan) == ["patch admit", "event Admitted"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is False
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Admitted"
+    assert "no capacity request" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+
+
+def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
+    w = job()
+    plan = flow.decide(w, Observed(), policy(), NOW)
+    assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning",
+                           "event ProvisioningRequestCreated"]
+    assert plan.actions[0].obj["metadata"]["name"] == children.template_name(w, "gpu")  # type: ignore[union-attr]
+    pr = plan.actions[1].obj  # type: ignore[union-attr]
+    assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": children.template_name(w, "gpu")}, "count": 2}]
+    ann = applied(w, plan)["metadata"]["annotations"]
+    assert ann[keys.REQUEST_ANNOTATION] == children.request_name(w, 1) and ann[keys.ATTEMPT_ANNOTATION] == "1"
+    assert plan.requeue_after == 300
+
+
+def test_patches_test_the_resource_version_first() -> None:
+    plan = flow.decide(job(), Observed(), policy(), NOW)
+    patch = next(a for a in plan.actions if isinstance(a, PatchJob))
+    assert patch.ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+
+
+def test_replay_after_a_crash_creates_only_what_is_missing() -> None:
+    w = job()
+    obs = Observed(requests=(request(w, 1),), templates=templates(w))
+    assert kinds(flow.decide(w, obs, policy(), NOW)) == ["patch provisioning", "event ProvisioningRequestCreated"]
+
+
+def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
+    w = job()
+    plan = flow.decide(w, Observed(), policy(), NOW, provreq_version=None)
+    after = applied(w, plan)
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    assert "serves no ProvisioningRequest API" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+
+
+@pytest.mark.parametrize(("conds", "expected"), [
+    ((), "waiting"),
+    ((("Accepted", "True", "Accepted"),), "waiting"),
+    ((("Provisioned", "True", "Provisioned"),), "waiting"),  # Accepted too is required
+    ((("Accepted", "True", "A"), ("Provisioned", "True", "P")), "admitted"),
+    ((("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("Failed", "True", "F")), "retry"),
+    ((("Accepted", "True", "A"), ("Failed", "True", "F")), "retry"),
+    ((("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("BookingExpired", "True", "E")), "retry"),
+    ((("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("CapacityRevoked", "True", "R")), "retry"),
+    ((("Accepted", "True", "A"), ("Failed", "False", "F")), "waiting"),
+])
+def test_conditions_of_the_current_request(conds: tuple[tuple[str, str, str], ...], expected: str) -> None:
+    w = provisioning()
+    obs = Observed(requests=(request(w, 1, *conds),), templates=templates(w))
+    assert flow.decide(w, obs, policy(), NOW).outcome == expected
+
+
+def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
+    w = provisioning()
+    name = children.request_name(w, 1)
+    obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
+                   templates=templates(w))
+    plan = flow.decide(w, obs, policy(), NOW)
+    assert kinds(plan) == ["patch admit", "event Admitted"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is False
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Admitted"
+    assert after["metadata"]["annotations"][keys.ADMITTED_AT_ANNOTATION] == "2030-01-01T12:00:00Z"
+    gpu_tpl = after["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    assert gpu_tpl["metadata"]["annotations"] == {keys.CONSUME_ANNOTATION: name,
+                                                  keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS}
+    head_tpl = after["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert "metadata" not in head_tpl  # only the pod sets that were booked consume the booking
+
+
+@pytest.mark.parametrize(("attempt", "delay"), [(1, 10), (2, 15)])
+def test_failed_request_retries_under_a_new_name_after_backoff(attempt: int, delay: float) -> None:
+    w = provisioning(attempt)
+    old = children.request_name(w, attempt)
+    obs = Observed(requests=(request(w, attempt, ("Failed", "True", "OutOfQuota")),), templates=templates(w))
+    plan = flow.decide(w, obs, policy(), NOW)
+    assert kinds(plan) == ["patch retry", "event ProvisioningRetry", f"delete ProvisioningRequest {old}"]
+    ann = applied(w, plan)["metadata"]["annotations"]
+    assert ann[keys.ATTEMPT_ANNOTATION] == str(attempt + 1)
+    assert ann[keys.REQUEST_ANNOTATION] == children.request_name(w, attempt + 1)
+    assert flow.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
+    assert "OutOfQuota" in ann[keys.REASON_ANNOTATION]
+    assert plan.requeue_after == delay
+
+
+def test_backoff_waits_then_creates_the_next_attempt() -> None:
+    due = flow.timestamp(NOW + dt.timedelta(seconds=4))
+    w = provisioning(2, **{keys.NEXT_ATTEMPT_ANNOTATION: due})
+    waiting = flow.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    assert waiting.actions == [] and waiting.requeue_after == 4
+    later = flow.decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
+    assert kinds(later) == ["create ProvisioningRequest"] and later.outcome == "retried"
+    assert later.actions[0].obj["metadata"]["name"] == children.request_name(w, 2)  # type: ignore[union-attr]
+
+
+def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> None:
+    w = provisioning(3)  # limit 2: attempts 1, 2 and 3 are allowed
+    pr = request(w, 3, ("Failed", "True", "OutOfQuota"))
+    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert kinds(plan) == ["patch fail", "event ProvisioningFailed",
+                           f"delete ProvisioningRequest {children.request_name(w, 3)}",
+                           f"delete PodTemplate {children.template_name(w, 'gpu')}"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is True
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    assert keys.REQUEST_ANNOTATION not in after["metadata"]["annotations"]
+    assert "Failed says OutOfQuota" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    event = next(a for a in plan.actions if isinstance(a, Emit))
+    assert "Failed says OutOfQuota" in event.message and "raygate.io/state=Pending --overwrite" in event.message
+
+
+def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
+    w = job("Pending", annotations={keys.ATTEMPT_ANNOTATION: "3", keys.REASON_ANNOTATION: "gave up"})
+    plan = flow.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    assert kinds(plan)[0] == "create ProvisioningRequest"
+    assert applied(w, plan)["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] == "1"
+
+
+def test_stuck_accepted_past_the_timeout_is_retried() -> None:
+    w = provisioning()
+    pr = request(w, 1, ("Accepted", "True", "A"), age=301)
+    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert plan.outcome == "retry"
+    assert "not Provisioned within 300s" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    young = request(w, 1, ("Accepted", "True", "A"), age=100)
+    waiting = flow.decide(w, Observed(requests=(young,), templates=templates(w)), policy(), NOW)
+    assert waiting.outcome == "waiting" and waiting.requeue_after == 200
+
+
+def test_capacity_not_found_is_reported_once() -> None:
+    w = provisioning()
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityNotFound"))
+    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert kinds(plan) == ["patch hold", "event WaitingForCapacity"]
+    again = job("Provisioning", annotations=applied(w, plan)["metadata"]["annotations"])
+    assert flow.decide(again, Observed(requests=(pr,), templates=templates(w)), policy(), NOW).actions == []
+
+
+def test_stale_requests_of_older_attempts_are_deleted() -> None:
+    w = provisioning(2)
+    obs = Observed(requests=(request(w, 1), request(w, 2)), templates=templates(w))
+    assert f"delete ProvisioningRequest {children.request_name(w, 1)}" in kinds(flow.decide(w, obs, policy(), NOW))
+
+
+@pytest.mark.parametrize("status", [{"jobDeploymentStatus": "Complete"}, {"jobDeploymentStatus": "Failed"}])
+def test_finished_job_frees_its_booking(status: dict[str, str]) -> None:
+    w = job("Admitted", suspend=False, status=status,
+            annotations={keys.REQUEST_ANNOTATION: children.request_name(job(), 1)})
+    obs = Observed(requests=(request(w, 1),), templates=templates(w))
+    assert sorted(kinds(flow.decide(w, obs, policy(), NOW))) == [
+        f"delete PodTemplate {children.template_name(w, 'gpu')}",
+        f"delete ProvisioningRequest {children.request_name(w, 1)}"]
+
+
+def admitted_with_revoked() -> tuple[Workload, Observed]:
+    w = job("Admitted", suspend=False, annotations={keys.ATTEMPT_ANNOTATION: "1",
+                                                    keys.REQUEST_ANNOTATION: children.request_name(job(), 1)})
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("CapacityRevoked", "True", "R"))
+    return w, Observed(requests=(pr,), templates=templates(w))
+
+
+def test_capacity_revoked_report_only_records_it() -> None:
+    w, obs = admitted_with_revoked()
+    plan = flow.decide(w, obs, policy(provisioning={"capacityRevoked": "Report"}), NOW)
+    assert kinds(plan) == ["patch hold", "event CapacityRevoked"]
+    assert applied(w, plan)["spec"]["suspend"] is False
+
+
+def test_capacity_revoked_requeue_suspends_and_asks_again() -> None:
+    w, obs = admitted_with_revoked()
+    plan = flow.decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
+    assert kinds(plan) == ["patch requeue", "event CapacityRevoked",
+                           f"delete ProvisioningRequest {children.request_name(w, 1)}"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
+    requeued = Workload(after)
+    nxt = flow.decide(requeued, Observed(templates=obs.templates), policy(), NOW)
+    assert nxt.actions[0].obj["metadata"]["name"] == children.request_name(w, 2)  # type: ignore[union-attr]
+
+
+def volcano_job(queue_open: bool | None, provision: bool = False) -> tuple[Workload, Observed, NamespacePolicy]:
+    spec = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue": "team-a"}
+    w = job(annotations={keys.MODE_ANNOTATION: "volcano", keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
+    state = None if queue_open is None else ("Open" if queue_open else "Closed")
+    pol = policy(mode="volcano", provisioning={"enabled": provision})
+    return w, Observed(queue=QueueState("team-a", state)), pol
+
+
+@pytest.mark.parametrize(("queue_open", "words"), [(False, "is Closed"), (None, "does not exist")])
+def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None, words: str) -> None:
+    w, obs, pol = volcano_job(queue_open)
+    assert flow.queue_to_check(w, pol, Observed()) == "team-a"
+    plan = flow.decide(w, obs, pol, NOW)
+    assert kinds(plan) == ["patch hold", "event QueueNotOpen"]
+    assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    assert plan.requeue_after is not None
+
+
+def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
+    w, obs, pol = volcano_job(True)
+    plan = flow.decide(w, obs, pol, NOW)
+    assert kinds(plan) == ["create PodGroup", "patch admit", "event Admitted"]
+    pg = plan.actions[0].obj  # type: ignore[union-attr]
+    assert pg["metadata"]["name"] == "ray-train-pg" and pg["spec"]["queue"] == "team-a"
+
+
+def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
+    w, obs, pol = volcano_job(True, provision=True)
+    assert kinds(flow.decide(w, obs, pol, NOW))[:3] == [
+        "create PodGroup", "create PodTemplate", "create ProvisioningRequest"]
+
+
+@pytest.mark.parametrize(("annotations", "words"), [
+    ({keys.MODE_ANNOTATION: "volcano", keys.POD_GROUP_ANNOTATION: "{broken"}, "not valid JSON"),
+    ({keys.MODE_ANNOTATION: "volcano"}, "needs the PodGroup spec"),
+])
+def test_bad_input_fails_the_job_with_a_reason(annotations: dict[str, str], words: str) -> None:
+    w = job(annotations=annotations)
+    plan = flow.decide(w, Observed(), policy(mode="volcano"), NOW)
+    assert kinds(plan) == ["patch fail", "event InvalidJob"]
+    assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
+
+
+def test_too_many_gpu_pod_sets_fail_the_job() -> None:
+    w = job()
+    groups = w.obj["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    many = [{**groups[0], "groupName": f"g{i}"} for i in range(33)]
+    big = Workload({**w.obj, "spec": {**w.obj["spec"], "rayClusterSpec": {
+        **w.obj["spec"]["rayClusterSpec"], "workerGroupSpecs": many}}})
+    plan = flow.decide(big, Observed(), policy(), NOW)
+    assert "at most 32" in applied(big, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
+
+
+def test_kueue_mode_is_left_to_kueue() -> None:
+    w = job(annotations={keys.MODE_ANNOTATION: "kueue"})
+    assert flow.decide(w, Observed(), policy(), NOW).actions == []

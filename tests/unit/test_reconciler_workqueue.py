@@ -1,0 +1,78 @@
+"""The work queue: dedup, no key twice at once, per-key backoff, delayed requeue; lease timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from reconciler.leader import LeaseTiming
+from reconciler.workqueue import Backoff, WorkQueue, run_workers
+
+
+def test_a_key_added_twice_is_handed_out_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    q.add("a")
+    q.add("b")
+    assert [q.get(0), q.get(0), q.get(0)] == ["a", "b", None]
+
+
+def test_a_key_added_while_processing_comes_back_after_done() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    assert q.get(0) == "a"
+    q.add("a")
+    assert q.get(0) is None  # not to a second worker while the first holds it
+    q.done("a")
+    assert q.get(0) == "a"
+
+
+def test_delayed_keys_wait_their_time() -> None:
+    now = [100.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    q.add_after("a", 5)
+    assert q.get(0) is None
+    now[0] = 105.0
+    assert q.get(0) == "a"
+
+
+@pytest.mark.parametrize(("failures", "delay"), [(1, 0.1), (2, 0.2), (5, 1.6), (30, 10.0)])
+def test_backoff_doubles_up_to_the_cap(failures: int, delay: float) -> None:
+    assert Backoff(0.1, 10.0).delay(failures) == pytest.approx(delay)
+
+
+def test_failures_back_off_per_key_and_forget_resets() -> None:
+    q: WorkQueue[str] = WorkQueue(Backoff(1.0, 60.0))
+    assert q.add_rate_limited("bad") == 1.0
+    assert q.add_rate_limited("bad") == 2.0
+    assert q.failures("good") == 0
+    q.forget("bad")
+    assert q.add_rate_limited("bad") == 1.0
+
+
+def test_workers_process_every_key_and_a_failing_key_does_not_stall_others() -> None:
+    q: WorkQueue[str] = WorkQueue(Backoff(0.01, 0.05))
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def handle(key: str) -> None:
+        with lock:
+            seen.append(key)
+        if key == "bad":
+            raise RuntimeError("boom")
+
+    run_workers(q, handle, 3)
+    for k in ("bad", "a", "b", "c"):
+        q.add(k)
+    time.sleep(0.3)
+    q.shutdown()
+    assert {"a", "b", "c"} <= set(seen)
+    assert seen.count("bad") >= 3  # retried with backoff, not dropped
+
+
+@pytest.mark.parametrize(("duration", "deadline", "retry"), [(10, 10, 2), (10, 12, 2), (10, 5, 0), (10, 5, 6)])
+def test_lease_timing_must_be_ordered(duration: float, deadline: float, retry: float) -> None:
+    with pytest.raises(ValueError, match="retry period < renew deadline < lease duration"):
+        LeaseTiming(duration, deadline, retry)
