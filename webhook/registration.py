@@ -17,8 +17,8 @@ TIMEOUT_SECONDS = 5
 def namespace_selector() -> dict[str, Any]:
     # Opt-in by label; kube-system and raygate's own namespace are excluded even if labelled.
     return {
-        "matchLabels": {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE},
         "matchExpressions": [
+            {"key": keys.OPT_IN_LABEL, "operator": "In", "values": [keys.OPT_IN_VALUE]},
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
              "values": ["kube-system", keys.SYSTEM_NAMESPACE]},
         ],
