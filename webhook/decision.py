@@ -93,15 +93,33 @@ def _max_gang_refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list
     return out
 
 
+def _namespace(request: AdmissionRequest, w: Workload) -> str:
+    ns = request.get("namespace")
+    return ns if isinstance(ns, str) and ns else w.namespace
+
+
+def _unreadable(request: AdmissionRequest, err: ManifestError) -> Decision:
+    obj = request.get("object") or request.get("oldObject")
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    return refuse(f"raygate cannot read this {kind if isinstance(kind, str) else 'object'}: {err}")
+
+
 def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason."""
+    try:
+        return _mutate(request, ns_labels, config)
+    except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
+        return _unreadable(request, err)
+
+
+def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     obj = request.get("object")
     if request.get("operation") != "CREATE" or not isinstance(obj, dict):
         return allow("skipped-operation")
     w = Workload(obj)
     if w.kind not in RAY_KINDS:
         return allow("skipped-kind")
-    namespace = request.get("namespace") or w.namespace
+    namespace = _namespace(request, w)
     if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
         return allow("skipped-namespace")
     skip = _skip_reason(w)
@@ -175,13 +193,20 @@ def _guard_update(old: Workload, new: Workload) -> list[str]:
 
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
+    try:
+        return _validate(request, ns_labels, config)
+    except ManifestError as err:
+        return _unreadable(request, err)
+
+
+def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     obj = request.get("object")
     if not isinstance(obj, dict):
         return allow("skipped-operation")
     w = Workload(obj)
     if w.kind not in RAY_KINDS:
         return allow("skipped-kind")
-    namespace = request.get("namespace") or w.namespace
+    namespace = _namespace(request, w)
     if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
         return allow("skipped-namespace")
     if request.get("operation") == "CREATE":

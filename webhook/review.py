@@ -107,12 +107,14 @@ def response(
         if message is not None:
             status["message"] = message
         if not allowed:
-            status["reason"] = "Forbidden" if code == 403 else "Invalid"
+            status["reason"] = "Forbidden" if code == 403 else "InternalError" if (code or 0) >= 500 else "Invalid"
         resp["status"] = status
     if warnings:
         resp["warnings"] = warnings
+    # Echo the request's admission.k8s.io version (the API server expects its own back), never junk.
+    version = review.get("apiVersion")
     return {
-        "apiVersion": str(review.get("apiVersion") or API_VERSION),
-        "kind": str(review.get("kind") or "AdmissionReview"),
+        "apiVersion": version if isinstance(version, str) and version.startswith("admission.k8s.io/") else API_VERSION,
+        "kind": "AdmissionReview",
         "response": resp,
     }
