@@ -35,7 +35,7 @@ def create_app(state: WebhookState) -> Flask:
             log.info(
                 "admission",
                 extra={"endpoint": endpoint, "operation": req.get("operation"), "kind": kind,
-                       "namespace": req.get("namespace"), "name": req.get("name") or "",
+                       "namespace": req.get("namespace"), "object": req.get("name") or "",
                        "user": username(req), "allowed": d.allowed,
                        "outcome": d.outcome, "reason": d.message, "uid": req["uid"],
                        "dryRun": bool(req.get("dryRun"))},

@@ -1,0 +1,85 @@
+"""The Flask shell over the pure decision, through Flask's test client: every route answers, and the
+logging and metrics around a decision never turn an answer into an HTTP 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from builders import RayJob, review
+from flask.testing import FlaskClient
+
+from raygate.configsource import ConfigSource
+from webhook.app import create_app
+from webhook.state import WebhookState
+
+
+@pytest.fixture
+def state() -> WebhookState:
+    s = WebhookState(config_source=ConfigSource(None).start())  # offline: defaults, every namespace opted in
+    s.certificate_loaded.set()
+    return s
+
+
+@pytest.fixture
+def client(state: WebhookState, caplog: pytest.LogCaptureFixture) -> Iterator[FlaskClient]:
+    caplog.set_level(logging.INFO, logger="raygate.webhook")
+    app = create_app(state)
+    app.config["PROPAGATE_EXCEPTIONS"] = True  # a bug in a route fails the test instead of becoming a 500
+    yield app.test_client()
+
+
+def test_mutate_answers_with_a_patch_and_logs_the_object(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    resp = client.post("/mutate", data=orjson.dumps(review(RayJob("train").obj(), uid="u1")))
+    assert resp.status_code == 200 and resp.mimetype == "application/json"
+    body = resp.get_json()
+    assert body["response"]["uid"] == "u1" and body["response"]["allowed"] is True
+    ops = json.loads(base64.b64decode(body["response"]["patch"]))
+    assert {"op": "add", "path": "/spec/suspend", "value": True} in ops
+    record = next(r for r in caplog.records if r.getMessage() == "admission")
+    assert (record.namespace, record.object, record.outcome) == ("team", "train", "mutated")  # type: ignore[attr-defined]
+
+
+def test_refusal_is_an_http_200_review_that_denies(client: FlaskClient) -> None:
+    obj = RayJob("train").shutdown_after_finish(False).obj()
+    for route in ("/mutate", "/validate"):
+        resp = client.post(route, data=orjson.dumps(review(obj, uid="u2")))
+        assert resp.status_code == 200
+        answer = resp.get_json()["response"]
+        assert answer["allowed"] is False and answer["status"]["code"] == 422
+        assert "shutdownAfterJobFinishes" in answer["status"]["message"]
+
+
+def test_validate_guard_denial_is_logged(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    old = RayJob("train").held().obj()
+    new = RayJob("train").held().suspend(False).obj()
+    resp = client.post("/validate", data=orjson.dumps(review(new, operation="UPDATE", old=old, uid="u3")))
+    answer = resp.get_json()["response"]
+    assert answer["allowed"] is False and answer["status"]["code"] == 403
+    assert any(getattr(r, "user", None) == "alice" for r in caplog.records)
+
+
+def test_body_that_is_not_a_review_is_http_400(client: FlaskClient) -> None:
+    resp = client.post("/mutate", data=b"{not json")
+    assert resp.status_code == 400 and "error" in resp.get_json()
+
+
+def test_health_readiness_and_metrics(client: FlaskClient, state: WebhookState) -> None:
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
+    client.post("/mutate", data=orjson.dumps(review(RayJob().obj())))
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'raygate_webhook_reviews_total{endpoint="mutate",kind="RayJob",mode="provisioning",outcome="mutated"}' \
+        in metrics
+    state.certificate_loaded.clear()
+    resp = client.get("/readyz")
+    assert resp.status_code == 503 and "certificate" in resp.get_data(as_text=True)
+
+
+def test_readyz_names_the_config_version_in_force(client: FlaskClient, state: WebhookState) -> None:
+    state.config_source.seen_version = "42"
+    assert client.get("/readyz").headers["X-Raygate-Config-Version"] == "42"
