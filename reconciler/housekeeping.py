@@ -1,0 +1,107 @@
+"""Cluster-wide chores of a real install that belong to no single job.
+
+- The config's `failurePolicy` is written into both webhook configurations (the manifests ship
+  `Fail`; an admin who sets `Ignore` in the ConfigMap expects it to take effect without editing
+  cluster-scoped objects by hand).
+- The webhook certificate is renewed before it expires (`certs ensure` on a timer), unless
+  cert-manager owns it (`--no-manage-certs`).
+
+Both are idempotent and safe from every replica, so they need no leadership.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from raygate import keys
+from raygate.configsource import ConfigSource
+from raygate.kube import JSON_PATCH, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError, Kube
+
+log = logging.getLogger("raygate.housekeeping")
+
+
+def failure_policy_patch(config: dict[str, Any], wanted: str) -> list[dict[str, Any]]:
+    """JSON patch setting every webhook's failurePolicy to `wanted` ([] when all already are).
+
+    The resourceVersion test makes a concurrent writer (certs ensure, kubectl) a conflict, not a
+    lost update.
+    """
+    ops: list[dict[str, Any]] = [
+        {"op": "replace", "path": f"/webhooks/{i}/failurePolicy", "value": wanted}
+        for i, hook in enumerate(config.get("webhooks") or [])
+        if hook.get("failurePolicy") != wanted
+    ]
+    if not ops:
+        return []
+    rv = (config.get("metadata") or {}).get("resourceVersion")
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
+
+
+def sync_failure_policy(kube: Kube, wanted: str) -> list[str]:
+    """Bring both webhook configurations to `wanted`; return the ones changed."""
+    changed = []
+    for res, name in ((MUTATING_WEBHOOKS, keys.MUTATING_WEBHOOK_CONFIG),
+                      (VALIDATING_WEBHOOKS, keys.VALIDATING_WEBHOOK_CONFIG)):
+        for _ in range(3):  # a conflict means someone else wrote it: read again
+            try:
+                patch = failure_policy_patch(kube.get(res, name), wanted)
+                if patch:
+                    kube.patch(res, name, patch, content_type=JSON_PATCH)
+                    changed.append(name)
+                break
+            except ApiError as err:
+                if err.not_found:
+                    break  # not installed (e.g. a local run registered by URL under other names)
+                if not (err.conflict or err.status == 422):
+                    raise
+    return changed
+
+
+class Housekeeping:
+    def __init__(self, kube: Kube, config: ConfigSource, *, manage_certs: bool, kubeconfig: str | None,
+                 namespace: str, period: float = 30.0) -> None:
+        self.kube = kube
+        self.config = config
+        self.manage_certs = manage_certs
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.period = period
+        self.stop_event = threading.Event()
+
+    def start(self) -> Housekeeping:
+        threading.Thread(target=self._failure_policy_loop, name="failure-policy", daemon=True).start()
+        if self.manage_certs:
+            threading.Thread(target=self._certs_loop, name="certs", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def _failure_policy_loop(self) -> None:
+        synced: tuple[int, str] | None = None
+        ticks = 0
+        while not self.stop_event.wait(1.0):
+            ticks += 1
+            wanted = self.config.config.failure_policy
+            current = (self.config.generation, wanted)
+            # On every config change at once; otherwise every `period` seconds, to undo drift.
+            if current == synced and ticks < self.period:
+                continue
+            ticks = 0
+            try:
+                changed = sync_failure_policy(self.kube, wanted)
+            except ApiError as err:
+                log.warning("could not sync the webhook failurePolicy", extra={"error": str(err)})
+                continue
+            if changed:
+                log.info("webhook failurePolicy set from the config",
+                         extra={"failure_policy": wanted, "configurations": changed})
+            synced = current
+
+    def _certs_loop(self) -> None:
+        from certs.cli import load_api_client
+        from certs.ensure import Spec, rotate_forever
+
+        rotate_forever(load_api_client(self.kubeconfig), Spec(namespace=self.namespace), stop_event=self.stop_event)
