@@ -92,6 +92,7 @@ class Timeline:
     start: float = field(default_factory=time.monotonic)
     seen: dict[str, str] = field(default_factory=dict)
     seen_events: set[str] = field(default_factory=set)
+    _prs: list[dict[str, Any]] = field(default_factory=list)
 
     def say(self, subject: str, text: str) -> None:
         print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
@@ -120,16 +121,7 @@ class Timeline:
                 "pods": pod_count,
                 "rayclusters": len(owned),
             }
-        for pr in requests:
-            conditions = {c["type"]: c for c in (pr.get("status") or {}).get("conditions") or []}
-            for ctype in ("Accepted", "Provisioned", "Failed", "BookingExpired"):
-                cond = conditions.get(ctype)
-                if cond is None:
-                    continue
-                text = f"{ctype}={cond.get('status')}"
-                if cond.get("status") != "True" and cond.get("reason"):
-                    text += f" ({cond['reason']})"
-                self.report(f"provreq/{pr['metadata']['name']}", ctype, text)
+        self._prs = requests
         return out
 
     def report(self, subject: str, aspect: str, text: str) -> None:
@@ -150,6 +142,16 @@ class Timeline:
             self.report(f"rayjob/{name}", "state",
                         f"raygate.io/state={facts['state']}  suspend={str(facts['suspend']).lower()}")
             self.report(f"rayjob/{name}", "pods", f"rayclusters={facts['rayclusters']}  pods={facts['pods']}")
+        for pr in self._prs:
+            conditions = {c["type"]: c for c in (pr.get("status") or {}).get("conditions") or []}
+            for ctype in ("Accepted", "Provisioned", "Failed", "BookingExpired"):
+                cond = conditions.get(ctype)
+                if cond is None:
+                    continue
+                text = f"{ctype}={cond.get('status')}"
+                if cond.get("status") != "True" and cond.get("reason"):
+                    text += f" ({cond['reason']})"
+                self.report(f"provreq/{pr['metadata']['name']}", ctype, text)
         for ev in sorted(self.kube.list(EVENTS, DEMO_NAMESPACE)["items"],
                          key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
             uid = ev["metadata"]["uid"]
@@ -157,7 +159,7 @@ class Timeline:
             if uid in self.seen_events or involved.get("kind") != "RayJob":
                 continue
             self.seen_events.add(uid)
-            self.say(f"event rayjob/{involved.get('name')}", f"{ev.get('reason')}: {ev.get('message', '')[:110]}")
+            self.say(f"event rayjob/{involved.get('name')}", f"{ev.get('reason')}: {ev.get('message', '')[:160]}")
         return snap
 
     def until(self, what: str, done: Callable[[dict[str, dict[str, Any]]], bool], timeout: float,
