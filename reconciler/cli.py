@@ -74,6 +74,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="act as USER through impersonation, e.g. system:serviceaccount:raygate-system:"
                    "raygate-reconciler when run outside the cluster with admin credentials, so that RBAC and the "
                    "webhook's trusted-user guard apply as in a real install")
+    p.add_argument("--manage-certs", action=argparse.BooleanOptionalAction, default=True,
+                   help="renew the webhook certificate before it expires (`certs ensure` hourly); "
+                   "--no-manage-certs when cert-manager owns it (default: on)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: %(default)s)")
     p.set_defaults(func=run)
@@ -85,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from raygate.kube import ApiError, Kube
     from reconciler import metrics
     from reconciler.controller import Controller, Options
+    from reconciler.housekeeping import Housekeeping
     from reconciler.leader import LeaderElector, LeaseTiming
 
     try:
@@ -101,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None
     controller.start_informers()
+    housekeeping = Housekeeping(kube, config, manage_certs=args.manage_certs, kubeconfig=args.kubeconfig,
+                                namespace=args.namespace).start()
     server = metrics.serve(args.metrics_port, controller.not_ready)
     from prometheus_client import REGISTRY
 
@@ -132,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         controller.start_workers()
         stop.wait()
     controller.stop()
+    housekeeping.stop()
     if elector is not None:
         elector.stop()
         if elector.lost.is_set():

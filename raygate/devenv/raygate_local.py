@@ -103,7 +103,9 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
         as_user = ["--as", RECONCILER_USER]
     cp.spawn(state, name, [
         sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
-        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0", *as_user, *extra,
+        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0",
+        # The local webhook is registered by URL with its own certificate: nothing to renew here.
+        "--no-manage-certs", *as_user, *extra,
     ])
 
 
