@@ -1,9 +1,207 @@
-"""`raygate explain`: placeholder until the webhook lands."""
+"""`raygate explain`: run the webhook's pure admission decision on a manifest, offline.
+
+It shows what `kubectl create` would meet: the verdict, the JSON patch raygate would apply, and the
+gang (pods and resources per pod set). No cluster is contacted; the namespace counts as opted in.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raygate import keys
+from raygate import quantity as q
+from raygate.errors import RaygateError
+from raygate.policy import DEFAULT_CONFIG, ConfigError, Mode, RaygateConfig, parse_config
+
+# Why an object is left alone, in words, by the decision's outcome.
+LEFT_ALONE = {
+    "skipped-owned-by-rayjob": "left alone: this RayCluster belongs to a RayJob, which is gang-admitted instead",
+    "skipped-cluster-selector": "left alone: the RayJob runs on an existing cluster (clusterSelector), there is "
+    "no gang to admit",
+    "skipped-namespace": "left alone: raygate never acts in this namespace",
+    "unchanged": "nothing to change: raygate has already prepared this object",
+}
+EXIT_REFUSED = 2
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("explain", help="run the admission decision offline on a manifest")
+    p = sub.add_parser(
+        "explain",
+        help="run the admission decision offline on a manifest",
+        description="Run raygate's admission decision on a RayJob or RayCluster manifest without a cluster: "
+        "the verdict, the JSON patch and the gang per pod set. The namespace counts as opted in.",
+        epilog=f"Exit status: 0 when raygate would admit the object, {EXIT_REFUSED} when it would refuse it, "
+        "1 when the manifest or config cannot be read.",
+    )
+    p.add_argument("-f", "--filename", required=True, help="manifest to explain (YAML or JSON; - for stdin)")
+    p.add_argument("--mode", choices=[m.value for m in Mode],
+                   help="the namespace's mode (default: from --config, else provisioning)")
+    p.add_argument("--config", help="raygate config: a config.yaml or the raygate-config ConfigMap manifest")
+    p.add_argument("-n", "--namespace", help="namespace whose policy applies (default: the manifest's, else default)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
+    p.set_defaults(func=run)
+
+
+# --- reading inputs -----------------------------------------------------------------------------
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise RaygateError(f"cannot read {path}: {reason}") from None
+
+
+def _one_document(text: str, path: str) -> Any:
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RaygateError(f"{path} is not valid YAML{at}: {problem}") from None
+    if len(docs) != 1:
+        raise RaygateError(f"{path} holds {len(docs)} documents: explain one RayJob or RayCluster at a time")
+    return docs[0]
+
+
+def load_manifest(path: str) -> dict[str, Any]:
+    obj = _one_document(_read(path), path)
+    if not isinstance(obj, dict):
+        raise RaygateError(f"{path} is not a Kubernetes object (a mapping with apiVersion and kind)")
+    kind = obj.get("kind")
+    if kind not in (keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND):
+        raise RaygateError(f"{path} holds a {kind or 'object without kind'}: raygate explains RayJob and RayCluster")
+    if obj.get("apiVersion") != f"{keys.RAY_GROUP}/{keys.RAY_VERSION}":
+        raise RaygateError(f"{path}: apiVersion {obj.get('apiVersion')!r} is not served: use {keys.RAY_GROUP}/"
+                           f"{keys.RAY_VERSION}")
+    return obj
+
+
+def load_config(path: str | None) -> RaygateConfig:
+    if path is None:
+        return DEFAULT_CONFIG
+    text = _read(path)
+    doc = _one_document(text, path) if text.strip() else None
+    if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
+        text = str((doc.get("data") or {}).get(keys.CONFIGMAP_KEY, ""))
+    try:
+        return parse_config(text)
+    except ConfigError as err:
+        raise RaygateError(f"{path} is not a valid raygate config: {err}") from None
+
+
+def with_mode(config: RaygateConfig, namespace: str, mode: str | None) -> RaygateConfig:
+    """The config with `namespace` switched to `mode`, validated like any ConfigMap."""
+    if mode is None:
+        return config
+    raw = config.model_dump(by_alias=True, exclude_none=True, mode="json")
+    raw["namespaces"] = {**raw.get("namespaces", {}), namespace: {**config.namespaces.get(namespace, {}), "mode": mode}}
+    try:
+        return parse_config(json.dumps(raw))
+    except ConfigError as err:
+        raise RaygateError(f"--mode {mode} does not fit the config: {err}") from None
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+# --- deciding -----------------------------------------------------------------------------------
+
+def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str) -> dict[str, Any]:
+    """The decision as the JSON object `-o json` prints."""
+    from raygate.workload import ManifestError, Workload
+    from webhook.decision import mutate
+    from webhook.review import AdmissionRequest
+
+    meta = _meta(obj)
+    request: AdmissionRequest = {
+        "uid": "raygate-explain",
+        "kind": {"group": keys.RAY_GROUP, "version": keys.RAY_VERSION, "kind": str(obj["kind"])},
+        "operation": "CREATE",
+        "namespace": namespace,
+        "name": str(meta.get("name") or ""),
+        "userInfo": {"username": "raygate-explain"},
+        "object": obj,
+    }
+    d = mutate(request, None, config)  # None: the namespace cache is not consulted, so it counts as opted in
+    gang = d.gang
+    if not d.allowed:
+        try:  # the gang of a refused object still helps (maxGang, for one); unreadable has none
+            gang = Workload(obj).gang()
+        except ManifestError:
+            gang = None
+    message = d.message
+    if d.allowed and message is None:
+        message = "; ".join(d.warnings) or LEFT_ALONE.get(d.outcome)
+    return {
+        "allowed": d.allowed,
+        "message": message,
+        "patch": d.patch,
+        "gang": gang.to_json() if gang is not None and d.outcome not in LEFT_ALONE else None,
+    }
+
+
+# --- printing -----------------------------------------------------------------------------------
+
+def _resources(res: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in res.items()) or "-"
+
+
+def _total(per_pod: dict[str, str], count: int) -> dict[str, str]:
+    return q.render({k: q.parse(v) * count for k, v in per_pod.items()})
+
+
+def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, mode: Mode) -> str:
+    name = _meta(obj).get("name") or _meta(obj).get("generateName") or "?"
+    lines = [f"{obj['kind']} {namespace}/{name} in {mode.value} mode"]
+    if not result["allowed"]:
+        lines += ["verdict: REFUSED: kubectl create fails with", f"  {result['message']}"]
+    elif result["patch"]:
+        lines.append("verdict: admitted, changed as below" + (" and held until its capacity is ready"
+                                                              if mode is not Mode.KUEUE else ""))
+        if result["message"]:
+            lines.append(f"warning: {result['message']}")
+    else:
+        lines.append(f"verdict: admitted unchanged ({result['message']})")
+    if result["patch"]:
+        lines.append(f"patch ({len(result['patch'])} JSON Patch operations):")
+        for op in result["patch"]:
+            value = f" {json.dumps(op['value'], sort_keys=True)}" if "value" in op else ""
+            lines.append(f"  {op['op']:<6} {op['path']}{value}")
+    gang = result["gang"]
+    if gang is not None:
+        rows = [("POD SET", "PODS", "PER POD", "TOTAL")]
+        for s in gang["podSets"]:
+            pods = f"{s['count']}" + ("" if s["name"] != keys.SUBMITTER_TASK or obj["kind"] != keys.RAYJOB_KIND
+                                      or s["count"] == 0 else "*")
+            rows.append((s["name"], pods, _resources(s["resources"]), _resources(_total(s["resources"], s["count"]))))
+        rows.append(("gang", str(gang["minMember"]), "", _resources(gang["minResources"])))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines.append(f"gang: minMember {gang['minMember']}")
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        if any(s["name"] == keys.SUBMITTER_TASK for s in gang["podSets"]):
+            lines.append("  * the submitter pod counts in resources, not in minMember: it waits for the cluster")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    obj = load_manifest(args.filename)
+    namespace = args.namespace or str(_meta(obj).get("namespace") or "default")
+    config = with_mode(load_config(args.config), namespace, args.mode)
+    result = explain(obj, config, namespace)
+    if args.output == "json":
+        print(json.dumps(result, sort_keys=False))
+    else:
+        print(render_text(result, obj, namespace, config.policy_for(namespace).mode))
+    return 0 if result["allowed"] else EXIT_REFUSED
