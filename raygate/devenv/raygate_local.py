@@ -88,6 +88,7 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
 
 RECONCILER_USER = f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"
 RECONCILER_RBAC = Path(__file__).resolve().parents[2] / "config" / "base" / "rbac-reconciler.yaml"
+CERTS_RBAC = RECONCILER_RBAC.with_name("rbac-certs.yaml")
 
 
 def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler", impersonate: bool = True) -> None:
@@ -99,7 +100,8 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
     ensure_system_namespace(cp)
     as_user: list[str] = []
     if impersonate:
-        cp.kubectl("apply", "-f", str(RECONCILER_RBAC))
+        for rbac in (RECONCILER_RBAC, CERTS_RBAC):  # the install's grants: jobs, and the webhook configurations
+            cp.kubectl("apply", "-f", str(rbac))
         as_user = ["--as", RECONCILER_USER]
     cp.spawn(state, name, [
         sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
