@@ -76,8 +76,14 @@ def _run_go(args: list[str], cwd: Path, what: str) -> str:
         ["go", *args], cwd=cwd, env=_go_env(cwd), capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
-        raise RaygateError(f"{what} failed: {_one_line(proc.stderr)}")
+        raise RaygateError(f"{what} failed: {_one_line(proc.stderr or _json_error(proc.stdout))}")
     return proc.stdout
+
+
+def _json_error(stdout: str) -> str:
+    """`go mod download -json` reports a failure in the JSON on stdout and leaves stderr empty."""
+    errors = re.findall(r'"Error":\s*("(?:[^"\\]|\\.)*")', stdout)
+    return "\n".join(json.loads(e) for e in errors) or stdout
 
 
 def check_go() -> str:
@@ -109,7 +115,8 @@ def download_module(module: str, version: str, workdir: Path) -> Path:
 
 def _k8s_staging_replaces(workdir: Path) -> dict[str, str]:
     gomod = _run_go(
-        ["mod", "download", "-json", f"{v.K8S_MODULE}@{v.K8S_VERSION}"], workdir, f"downloading {v.K8S_MODULE}"
+        ["mod", "download", "-json", f"{v.K8S_MODULE}@{v.K8S_VERSION}"], workdir,
+        f"downloading Go module {v.K8S_MODULE}@{v.K8S_VERSION}",
     )
     text = Path(json.loads(gomod)["GoMod"]).read_text()
     staging = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", text, flags=re.M)

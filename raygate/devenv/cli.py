@@ -27,7 +27,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument(
         "--raygate", action="store_true", help="also run raygate (webhook and reconciler) and opt in namespace demo"
     )
-    up.add_argument("--port", type=int, default=None, help="kube-apiserver port (default: a free one)")
+    up.add_argument(
+        "--port", "--apiserver-port", dest="port", type=int, default=None,
+        help="kube-apiserver port (default: a free one)",
+    )
     up.set_defaults(func=_up)
 
     down = dev_sub.add_parser("down", help="stop every process `up` started")
