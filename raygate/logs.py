@@ -36,7 +36,7 @@ def setup(level: str = "info") -> None:
 
 
 def ref(obj: dict[str, Any]) -> dict[str, str]:
-    """The fields that name an object in a log line."""
+    """The fields that name an object in a log line ("object", since a LogRecord owns "name")."""
     meta = obj.get("metadata") or {}
     return {"kind": str(obj.get("kind", "")), "namespace": str(meta.get("namespace", "")),
-            "name": str(meta.get("name", ""))}
+            "object": str(meta.get("name", ""))}

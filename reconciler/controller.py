@@ -4,7 +4,7 @@ flow on what the caches hold and apply its plan.
 The caches are the reconciler's only view, and they can lag behind its own writes. Two small
 in-memory notes cover the lag (the job version a patch returned; children just created or
 deleted), so a reconcile right after a write neither repeats it nor undoes it. They are hints:
-correctness comes from the resourceVersion test on every job patch and from deterministic child
+correctness comes from the state test on every job patch and from deterministic child
 names, which is why a restart with empty notes is safe.
 """
 
@@ -181,12 +181,12 @@ class Controller:
         except ApiError as err:
             delay = self.queue.add_rate_limited(key)
             metrics.RECONCILE_ERRORS.labels(err.reason or str(err.status)).inc()
-            log.warning("reconcile failed, retrying", extra={"kind": key[0], "namespace": key[1], "name": key[2],
+            log.warning("reconcile failed, retrying", extra={"kind": key[0], "namespace": key[1], "object": key[2],
                                                               "error": str(err), "retry_in": round(delay, 2)})
         except Exception as err:
             delay = self.queue.add_rate_limited(key)
             metrics.RECONCILE_ERRORS.labels("Internal").inc()
-            log.exception("reconcile error", extra={"kind": key[0], "namespace": key[1], "name": key[2],
+            log.exception("reconcile error", extra={"kind": key[0], "namespace": key[1], "object": key[2],
                                                     "error": str(err), "retry_in": round(delay, 2)})
         else:
             self.queue.forget(key)
@@ -259,8 +259,8 @@ class Controller:
             elif isinstance(action, flow.Delete):
                 self._delete(key[1], action)
             elif isinstance(action, flow.PatchJob):
-                if len(action.ops) <= 1:
-                    continue  # only the resourceVersion test: nothing to change
+                if not action.changes:
+                    continue
                 old_rv = _meta(job, "resourceVersion")
                 job = self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1], content_type=JSON_PATCH)
                 job.setdefault("kind", key[0])
@@ -325,5 +325,6 @@ class RefusedChild(Exception):
 
 
 def _is_conflict(err: ApiError) -> bool:
-    # A failed resourceVersion test in a JSON patch is answered 422 ("the server rejected our request").
-    return err.conflict or (err.status == 422 and "test" in err.message.lower())
+    # A failed test operation of a JSON patch is answered 422 ("the server rejected our request"); a
+    # patch that is invalid for another reason fails again after the re-read and then backs off.
+    return err.conflict or err.status == 422

@@ -2,8 +2,8 @@
 
 Level-triggered: everything it needs is on the job (state label and annotations) or among the
 children the cluster holds, so a reconciler restarted at any instant decides the same thing again.
-Every write to the job is a JSON patch that first tests the resourceVersion, so a decision made on
-a stale view fails with a conflict instead of overwriting a newer one.
+Every write to the job is a JSON patch that first tests the job's raygate state, so a decision made
+on a stale view fails instead of overwriting a newer one.
 
 Per attempt n a job has one ProvisioningRequest, named `<job>-<hash>-a<n>`. The job's annotations
 say which request is current; any other request the job owns is stale and is deleted.
@@ -23,7 +23,7 @@ from raygate.workload import ManifestError, PodSet, Workload, get
 from reconciler import children, podgroup
 from reconciler.children import BadInput
 from reconciler.podgroup import QueueState
-from webhook.patch import PatchBuilder, PatchOp
+from webhook.patch import PatchBuilder, PatchOp, pointer
 
 QUEUE_RECHECK_SECONDS = 10.0
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
@@ -92,6 +92,10 @@ class PatchJob:
     ops: tuple[PatchOp, ...]
     step: str  # provisioning, admit, retry, fail, requeue, hold, report
 
+    @property
+    def changes(self) -> bool:
+        return any(op["op"] != "test" for op in self.ops)
+
 
 @dataclass(frozen=True)
 class Emit:
@@ -121,6 +125,11 @@ def timestamp(t: dt.datetime) -> str:
     return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def precise_timestamp(t: dt.datetime) -> str:
+    """Milliseconds, so a backoff of a second or two is not cut short by rounding."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def parse_time(text: object) -> dt.datetime | None:
     if not isinstance(text, str) or not text:
         return None
@@ -140,10 +149,18 @@ def _int(text: object) -> int | None:
 
 
 def _builder(w: Workload) -> PatchBuilder:
-    """A patch that applies only to the version of the job the decision was made on."""
+    """A patch that applies only while the job is in the state the decision was made on.
+
+    It tests raygate's own fields (state, attempt, request) rather than the resourceVersion: KubeRay
+    writes the status of a held job too, and that must not turn every first patch into a conflict
+    (and an extra write); a competing reconciler, the only other writer of these fields, still fails
+    the test.
+    """
     b = PatchBuilder(w.obj)
-    b.ops.append({"op": "test", "path": "/metadata/resourceVersion",
-                  "value": str(get(w.obj, ("metadata", "resourceVersion"), ""))})
+    for path in (STATE_PATH, _annotation(keys.ATTEMPT_ANNOTATION), _annotation(keys.REQUEST_ANNOTATION)):
+        value = get(w.obj, path)
+        if value is not None:
+            b.ops.append({"op": "test", "path": pointer(path), "value": value})
     return b
 
 
@@ -421,7 +438,7 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
     b = _builder(w)
     b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
     b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
-    b.set(_annotation(keys.NEXT_ATTEMPT_ANNOTATION), timestamp(due))
+    b.set(_annotation(keys.NEXT_ATTEMPT_ANNOTATION), precise_timestamp(due))
     reason = f"ProvisioningRequest {name} {why} ({detail}); attempt {attempt + 1} as {nxt} after {timestamp(due)}"
     b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
     # The patch comes first: if the reconciler dies before the delete, the stale request is deleted next time.

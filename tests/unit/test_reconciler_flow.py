@@ -111,10 +111,21 @@ def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
     assert plan.requeue_after == 300
 
 
-def test_patches_test_the_resource_version_first() -> None:
-    plan = flow.decide(job(), Observed(), policy(), NOW)
+def test_patches_first_test_the_state_they_were_decided_on() -> None:
+    w = provisioning(2)
+    pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     patch = next(a for a in plan.actions if isinstance(a, PatchJob))
-    assert patch.ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+    assert patch.ops[:3] == (
+        {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Provisioning"},
+        {"op": "test", "path": "/metadata/annotations/raygate.io~1attempt", "value": "2"},
+        {"op": "test", "path": "/metadata/annotations/raygate.io~1provisioning-request",
+         "value": children.request_name(w, 2)},
+    )
+    moved_on = json.loads(json.dumps(w.obj))
+    moved_on["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] = "3"
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(moved_on, list(patch.ops))
 
 
 def test_replay_after_a_crash_creates_only_what_is_missing() -> None:

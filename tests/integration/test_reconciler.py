@@ -1,0 +1,553 @@
+"""The reconciler against the real API server, with the webhook and the reconciler as real processes.
+
+The tests play cluster-autoscaler by patching ProvisioningRequest status (as Kueue's integration
+tests do), or run the capacity stand-in; kube-controller-manager collects garbage and the real
+KubeRay operator creates clusters and pods after unsuspend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from raygate import keys
+from raygate.devenv.capacity import CapacityStandIn
+from raygate.devenv.controlplane import ControlPlane
+from raygate.devenv.raygate_local import start_reconciler, start_webhook
+from raygate.kube import (
+    EVENTS,
+    JSON,
+    LEASES,
+    MERGE_PATCH,
+    PODGROUPS,
+    PODS,
+    PODTEMPLATES,
+    RAYCLUSTERS,
+    RAYJOBS,
+    VOLCANO_QUEUES,
+    ApiError,
+    Kube,
+    provisioning_requests,
+)
+
+pytestmark = pytest.mark.integration
+
+SUFFIX = uuid.uuid4().hex[:5]
+NS = {k: f"rg-{k}-{SUFFIX}" for k in ("main", "retry", "timeout", "volcano", "revoke", "crash", "two", "ray")}
+QUEUE = f"rg-queue-{SUFFIX}"
+PR = provisioning_requests("v1")
+LEASE_ARGS = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5", "--resync-seconds", "30")
+
+CONFIG = {
+    "defaults": {
+        "mode": "provisioning",
+        "retry": {"limit": 3, "baseSeconds": 1, "maxSeconds": 2},
+    },
+    "namespaces": {
+        NS["retry"]: {"retry": {"limit": 1, "baseSeconds": 1.5, "maxSeconds": 3}},
+        NS["timeout"]: {"provisioning": {"provisionedTimeoutSeconds": 3}},
+        NS["volcano"]: {"mode": "volcano", "queueName": QUEUE, "provisioning": {"enabled": True},
+                        "retry": {"baseSeconds": 0.5}},
+        NS["revoke"]: {"provisioning": {"capacityRevoked": "Requeue"}},
+    },
+}
+
+
+# --- the environment ----------------------------------------------------------------------------
+
+@dataclass
+class Reconcilers:
+    cluster: ControlPlane
+    running: dict[str, str] = field(default_factory=dict)  # identity -> process name
+
+    def start(self, identity: str) -> None:
+        name = f"rg-reconciler-{identity}"
+        start_reconciler(self.cluster, "--identity", identity, *LEASE_ARGS, name=name)
+        self.running[identity] = name
+
+    def kill9(self, identity: str) -> None:
+        name = self.running.pop(identity)
+        state = self.cluster.load_state()
+        assert state is not None
+        pid = state.pids[name]
+        os.killpg(pid, signal.SIGKILL)
+        self.cluster.stop_process(name)
+
+    def stop_all(self) -> None:
+        for name in self.running.values():
+            self.cluster.stop_process(name)
+        self.running.clear()
+
+    def metrics_port(self, identity: str) -> int:
+        log = self.cluster.logs / f"{self.running[identity]}.log"
+        ports = [json.loads(line)["metrics_port"] for line in log.read_text().splitlines()
+                 if '"metrics_port"' in line]
+        return int(ports[-1])
+
+    def writes(self, identity: str) -> int:
+        """POST + PATCH + DELETE the reconciler has made (PUT is only its Lease)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port(identity)}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("raygate_reconciler_api_requests_total{") and any(
+                    f'method="{m}"' in line for m in ("POST", "PATCH", "DELETE")):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
+
+@dataclass
+class Env:
+    cluster: ControlPlane
+    kube: Kube
+    reconcilers: Reconcilers
+
+    def leader(self) -> str:
+        try:
+            lease = self.kube.get(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)
+        except ApiError:
+            return ""
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="module")
+def env(cluster: ControlPlane) -> Iterator[Env]:
+    kube = Kube.connect(str(cluster.kubeconfig), user_agent="raygate-test")
+    cluster.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
+          "data": {keys.CONFIGMAP_KEY: yaml.safe_dump(CONFIG)}}
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(cm))
+    for ns in NS.values():
+        cluster.kubectl("create", "namespace", ns)
+        cluster.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+    kube.create(VOLCANO_QUEUES, {"metadata": {"name": QUEUE}, "spec": {"weight": 1}})
+    set_queue_state(kube, "Closed")
+    kube.delete(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)  # a Lease left by another module's reconciler
+    start_webhook(cluster, name="rg-reconciler-test-webhook")
+    reconcilers = Reconcilers(cluster)
+    e = Env(cluster, kube, reconcilers)
+    reconcilers.start("r1")
+    wait(lambda: e.leader() == "r1", 60, "reconciler r1 to lead")
+    try:
+        yield e
+    finally:
+        reconcilers.stop_all()
+        cluster.stop_process("rg-reconciler-test-webhook")
+        cluster.kubectl("delete", "mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG, "--ignore-not-found")
+        cluster.kubectl("delete", "validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG,
+                        "--ignore-not-found")
+        cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
+        for ns in NS.values():
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        kube.delete(VOLCANO_QUEUES, QUEUE)
+
+
+def set_queue_state(kube: Kube, state: str) -> None:
+    kube.patch(VOLCANO_QUEUES, QUEUE, {"status": {"state": state}}, sub="status")
+
+
+# --- objects ------------------------------------------------------------------------------------
+
+def worker(name: str, replicas: int, resources: dict[str, Any]) -> dict[str, Any]:
+    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10,
+            "rayStartParams": {},
+            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
+                                                  "resources": resources}]}}}
+
+
+GPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
+CPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
+
+
+def rayjob(name: str, *, gpus: int = 2, groups: list[dict[str, Any]] | None = None) -> JSON:
+    return {
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
+        "spec": {
+            "entrypoint": "python -c 'print(1)'",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+                    {"name": "ray-head", "image": "rayproject/ray:2.9.0", "resources": CPU}]}}},
+                "workerGroupSpecs": groups if groups is not None else (
+                    [worker("gpu", gpus, GPU)] if gpus else [worker("cpu", 1, CPU)]),
+            },
+        },
+    }
+
+
+def create(env: Env, ns: str, obj: JSON) -> JSON:
+    return env.kube.create(RAYJOBS, obj, ns)
+
+
+def job(env: Env, ns: str, name: str) -> JSON:
+    return env.kube.get(RAYJOBS, name, ns)
+
+
+def state(obj: JSON) -> str:
+    return str(obj["metadata"].get("labels", {}).get(keys.STATE_LABEL, ""))
+
+
+def ann(obj: JSON, key: str) -> str | None:
+    return (obj["metadata"].get("annotations") or {}).get(key)
+
+
+def requests_of(env: Env, ns: str) -> list[JSON]:
+    return list(env.kube.list(PR, ns).get("items") or [])
+
+
+def templates_of(env: Env, ns: str) -> list[JSON]:
+    return list(env.kube.list(PODTEMPLATES, ns).get("items") or [])
+
+
+def owned_by(obj: JSON, owner: JSON) -> bool:
+    return any(r.get("uid") == owner["metadata"]["uid"] and r.get("controller")
+               for r in obj["metadata"].get("ownerReferences") or [])
+
+
+def set_conditions(env: Env, ns: str, name: str, *conds: tuple[str, str, str]) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    body = {"status": {"conditions": [
+        {"type": t, "status": s, "reason": r, "message": f"test autoscaler: {r}", "lastTransitionTime": now}
+        for t, s, r in conds]}}
+    env.kube.patch(PR, name, body, ns, content_type=MERGE_PATCH, sub="status")
+
+
+def wait_state(env: Env, ns: str, name: str, want: str, timeout: float = 20) -> JSON:
+    result: JSON = wait(lambda: (lambda o: o if state(o) == want else None)(job(env, ns, name)), timeout,
+                f"{ns}/{name} to be {want}")
+    return result
+
+
+def wait_request(env: Env, ns: str, name: str, attempt: int, timeout: float = 20) -> JSON:
+    """The job's current request, once the job names attempt `attempt` and the request exists."""
+    def check() -> JSON | None:
+        o = job(env, ns, name)
+        if ann(o, keys.ATTEMPT_ANNOTATION) != str(attempt) or state(o) != "Provisioning":
+            return None
+        return next((r for r in requests_of(env, ns) if r["metadata"]["name"] == ann(o, keys.REQUEST_ANNOTATION)),
+                    None)
+    result: JSON = wait(check, timeout, f"{ns}/{name} attempt {attempt} request")
+    return result
+
+
+def events_of(env: Env, ns: str, name: str) -> dict[str, str]:
+    items = env.kube.list(EVENTS, ns, fieldSelector=f"involvedObject.name={name}").get("items") or []
+    return {str(e["reason"]): str(e["message"]) for e in items}
+
+
+PROVISIONED = (("Accepted", "True", "Accepted"), ("Provisioned", "True", "Provisioned"))
+
+
+# --- the flows ----------------------------------------------------------------------------------
+
+def test_happy_path_accepted_holds_provisioned_admits(env: Env) -> None:
+    ns = NS["main"]
+    before = env.reconcilers.writes(env.leader())
+    created = create(env, ns, rayjob("happy"))
+    pr = wait_request(env, ns, "happy", 1)
+    assert owned_by(pr, created)
+    pts = templates_of(env, ns)
+    assert [p["metadata"]["name"] for p in pts] == [pr["spec"]["podSets"][0]["podTemplateRef"]["name"]]
+    assert pr["spec"]["podSets"][0]["count"] == 2 and owned_by(pts[0], created)
+    assert pr["spec"]["provisioningClassName"] == keys.CHECK_CAPACITY_CLASS
+
+    set_conditions(env, ns, pr["metadata"]["name"], ("Accepted", "True", "Accepted"))
+    time.sleep(1.5)
+    held = job(env, ns, "happy")
+    assert held["spec"]["suspend"] is True and state(held) == "Provisioning", "Accepted alone must keep it held"
+
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    t0 = time.monotonic()
+    admitted = wait(lambda: (lambda o: o if o["spec"].get("suspend") is False else None)(job(env, ns, "happy")),
+                    15, "unsuspend after Provisioned", interval=0.02)
+    print(f"\nProvisioned -> unsuspended: {time.monotonic() - t0:.3f}s (polled every 20 ms)")
+    assert state(admitted) == "Admitted" and ann(admitted, keys.ADMITTED_AT_ANNOTATION)
+    tpl = admitted["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    assert tpl["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
+    assert tpl["metadata"]["annotations"][keys.CLASS_ANNOTATION] == keys.CHECK_CAPACITY_CLASS
+    assert keys.CONSUME_ANNOTATION not in (admitted["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+                                           .get("metadata", {}).get("annotations") or {})
+    events = wait(lambda: (lambda e: e if {"Admitted", "ProvisioningRequestCreated"} <= set(e) else None)(
+        events_of(env, ns, "happy")), 10, "events")
+    assert pr["metadata"]["name"] in events["Admitted"]
+    time.sleep(1)  # nothing more should follow admission
+    writes = env.reconcilers.writes(env.leader()) - before
+    print(f"API writes for one admitted job (one GPU pod set): {writes}")
+    assert writes <= 6
+
+
+def test_cpu_only_job_is_admitted_without_a_request(env: Env) -> None:
+    ns = NS["main"]
+    create(env, ns, rayjob("cpu-only", gpus=0))
+    admitted = wait_state(env, ns, "cpu-only", "Admitted")
+    assert not admitted["spec"].get("suspend")  # KubeRay's own updates drop a false suspend
+    assert not [r for r in requests_of(env, ns) if r["metadata"]["name"].startswith("cpu-only")]
+    assert "no capacity request was needed" in events_of(env, ns, "cpu-only")["Admitted"]
+
+
+def test_too_many_gpu_pod_sets_fail_with_a_reason(env: Env) -> None:
+    ns = NS["main"]
+    create(env, ns, rayjob("too-many", groups=[worker(f"g{i}", 1, GPU) for i in range(33)]))
+    failed = wait_state(env, ns, "too-many", "Failed")
+    assert "at most 32" in str(ann(failed, keys.REASON_ANNOTATION))
+    assert failed["spec"]["suspend"] is True
+    assert "InvalidJob" in events_of(env, ns, "too-many")
+
+
+def test_failed_retries_with_backoff_gives_up_and_restarts_on_relabel(env: Env) -> None:
+    ns = NS["retry"]  # limit 1, base 1.5 s
+    create(env, ns, rayjob("flaky"))
+    first = wait_request(env, ns, "flaky", 1)
+    set_conditions(env, ns, first["metadata"]["name"], ("Accepted", "True", "Accepted"),
+                   ("Failed", "True", "OutOfQuota"))
+    t_failed = time.monotonic()
+    second = wait_request(env, ns, "flaky", 2)
+    assert time.monotonic() - t_failed >= 1.2, "the retry must wait for the backoff"
+    assert second["metadata"]["name"] != first["metadata"]["name"]
+    wait(lambda: [r["metadata"]["name"] for r in requests_of(env, ns)] == [second["metadata"]["name"]], 10,
+         "the failed request to be deleted")
+    held = job(env, ns, "flaky")
+    assert "OutOfQuota" in str(ann(held, keys.REASON_ANNOTATION)) and ann(held, keys.NEXT_ATTEMPT_ANNOTATION)
+
+    set_conditions(env, ns, second["metadata"]["name"], ("Failed", "True", "OutOfQuota"))
+    failed = wait_state(env, ns, "flaky", "Failed")
+    assert failed["spec"]["suspend"] is True
+    assert "test autoscaler: OutOfQuota" in str(ann(failed, keys.REASON_ANNOTATION))
+    wait(lambda: not requests_of(env, ns) and not templates_of(env, ns), 10, "requests and templates deleted")
+    assert "test autoscaler: OutOfQuota" in events_of(env, ns, "flaky")["ProvisioningFailed"]
+
+    # The documented restart: relabel Pending; it starts over at attempt 1.
+    env.cluster.kubectl("label", "rayjob", "flaky", "-n", ns, f"{keys.STATE_LABEL}=Pending", "--overwrite")
+    again = wait_request(env, ns, "flaky", 1)
+    assert again["metadata"]["name"] == first["metadata"]["name"]
+
+
+def test_booking_expired_before_admission_starts_a_new_attempt(env: Env) -> None:
+    ns = NS["main"]
+    create(env, ns, rayjob("expired"))
+    first = wait_request(env, ns, "expired", 1)
+    set_conditions(env, ns, first["metadata"]["name"], *PROVISIONED, ("BookingExpired", "True", "BookingExpired"))
+    second = wait_request(env, ns, "expired", 2)
+    assert second["metadata"]["name"].endswith("-a2")
+    assert job(env, ns, "expired")["spec"]["suspend"] is True
+
+
+def test_stuck_accepted_times_out_into_a_new_attempt(env: Env) -> None:
+    ns = NS["timeout"]  # provisionedTimeoutSeconds 3
+    create(env, ns, rayjob("stuck"))
+    first = wait_request(env, ns, "stuck", 1)
+    set_conditions(env, ns, first["metadata"]["name"], ("Accepted", "True", "Accepted"))
+    wait_request(env, ns, "stuck", 2, timeout=20)
+    assert "not Provisioned within 3s" in str(ann(job(env, ns, "stuck"), keys.REASON_ANNOTATION))
+
+
+def test_capacity_revoked_after_admission_requeues(env: Env) -> None:
+    ns = NS["revoke"]  # capacityRevoked: Requeue
+    create(env, ns, rayjob("revoked"))
+    first = wait_request(env, ns, "revoked", 1)
+    set_conditions(env, ns, first["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, "revoked", "Admitted")
+    set_conditions(env, ns, first["metadata"]["name"], *PROVISIONED, ("CapacityRevoked", "True", "NodeLost"))
+    second = wait_request(env, ns, "revoked", 2)
+    requeued = job(env, ns, "revoked")
+    assert requeued["spec"]["suspend"] is True
+    assert "NodeLost" in events_of(env, ns, "revoked")["CapacityRevoked"]
+    assert [r["metadata"]["name"] for r in requests_of(env, ns)] == [second["metadata"]["name"]]
+
+
+def test_deleting_or_finishing_a_job_frees_its_requests_and_templates(env: Env) -> None:
+    ns = NS["main"]
+    gone = create(env, ns, rayjob("deleted"))
+    wait_request(env, ns, "deleted", 1)
+    finished = create(env, ns, rayjob("finished"))
+    pr = wait_request(env, ns, "finished", 1)
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, "finished", "Admitted")
+
+    env.kube.delete(RAYJOBS, "deleted", ns)
+    env.kube.patch(RAYJOBS, "finished", {"status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}},
+                   ns, sub="status")
+
+    def leftovers() -> list[str]:
+        return [o["metadata"]["name"] for o in requests_of(env, ns) + templates_of(env, ns)
+                if owned_by(o, gone) or owned_by(o, finished)]
+
+    wait(lambda: not leftovers(), 15, "the requests and templates of the deleted and finished jobs to go")
+
+
+@pytest.mark.kuberay
+def test_volcano_pod_group_held_while_queue_closed_then_pods_carry_metadata(env: Env) -> None:
+    ns = NS["volcano"]  # mode volcano, queue QUEUE (Closed), provisioning enabled
+    created = create(env, ns, rayjob("gang"))
+    reason = wait(lambda: (lambda r: r if r and QUEUE in r else None)(
+        ann(job(env, ns, "gang"), keys.REASON_ANNOTATION)), 15, "the job to say its queue is closed")
+    assert "Closed" in reason
+    assert QUEUE in events_of(env, ns, "gang")["QueueNotOpen"]
+    time.sleep(1.5)
+    held = job(env, ns, "gang")
+    assert state(held) == "Pending" and held["spec"]["suspend"] is True
+    assert not env.kube.list(PODGROUPS, ns).get("items")
+
+    set_queue_state(env.kube, "Open")
+    try:
+        pr = wait_request(env, ns, "gang", 1)
+        pg = env.kube.get(PODGROUPS, "ray-gang-pg", ns)
+        assert owned_by(pg, created)
+        recorded = json.loads(str(ann(held, keys.POD_GROUP_ANNOTATION)))
+        assert pg["spec"]["minMember"] == recorded["minMember"] == 3 and pg["spec"]["queue"] == QUEUE
+        set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+        wait_state(env, ns, "gang", "Admitted")
+        pods = wait_pods(env, ns, "gang", 3)
+    finally:
+        set_queue_state(env.kube, "Closed")
+    for pod in pods:
+        assert pod["spec"]["schedulerName"] == "volcano"
+        assert pod["metadata"]["annotations"][keys.VOLCANO_GROUP_NAME_ANNOTATION] == "ray-gang-pg"
+    workers = [p for p in pods if p["metadata"]["annotations"].get(keys.VOLCANO_TASK_SPEC_ANNOTATION) == "gpu"]
+    assert len(workers) == 2
+    for pod in workers:
+        assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
+
+
+def wait_pods(env: Env, ns: str, job_name: str, count: int, timeout: float = 60) -> list[JSON]:
+    """The pods KubeRay created for the RayJob's cluster, once there are `count` of them."""
+    def check() -> list[JSON] | None:
+        clusters = env.kube.list(RAYCLUSTERS, ns, labelSelector=f"{keys.ORIGINATED_FROM_NAME_LABEL}={job_name}")
+        names = [c["metadata"]["name"] for c in clusters.get("items") or []]
+        if not names:
+            return None
+        pods = env.kube.list(PODS, ns, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={names[0]}").get("items") or []
+        return pods if len(pods) >= count else None
+    result: list[JSON] = wait(check, timeout, f"{count} pods of {ns}/{job_name}", interval=0.5)
+    return result
+
+
+def cluster_of(env: Env, ns: str, job_name: str) -> list[str]:
+    items = env.kube.list(RAYCLUSTERS, ns, labelSelector=f"{keys.ORIGINATED_FROM_NAME_LABEL}={job_name}")
+    return [c["metadata"]["name"] for c in items.get("items") or []]
+
+
+@pytest.mark.kuberay
+def test_two_jobs_capacity_for_one_second_waits_until_first_is_deleted(env: Env) -> None:
+    ns = NS["two"]
+    stand_in = CapacityStandIn(env.kube, gpus=2, namespace=ns).start()
+    try:
+        create(env, ns, rayjob("first"))
+        wait_state(env, ns, "first", "Admitted")
+        pods = wait_pods(env, ns, "first", 3)
+        assert sum(1 for p in pods if keys.CONSUME_ANNOTATION in (p["metadata"].get("annotations") or {})) == 2
+        create(env, ns, rayjob("second"))
+        reason = wait(lambda: (lambda r: r if r and "CapacityNotFound" in r else None)(
+            ann(job(env, ns, "second"), keys.REASON_ANNOTATION)), 15, "the second job to wait for capacity")
+        print(f"\nsecond job held: {reason}")
+        time.sleep(2)
+        second = job(env, ns, "second")
+        assert state(second) == "Provisioning" and second["spec"]["suspend"] is True
+        assert not cluster_of(env, ns, "second"), "a held job must have no RayCluster and so no pods"
+
+        env.kube.delete(RAYJOBS, "first", ns)
+        wait_state(env, ns, "second", "Admitted", timeout=30)
+        wait_pods(env, ns, "second", 3)
+    finally:
+        stand_in.stop()
+
+
+@pytest.mark.kuberay
+def test_kuberay_pods_carry_the_consume_annotations(env: Env) -> None:
+    ns = NS["ray"]
+    create(env, ns, rayjob("with-pods"))
+    pr = wait_request(env, ns, "with-pods", 1)
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, "with-pods", "Admitted")
+    pods = wait_pods(env, ns, "with-pods", 3)
+    gpu_pods = [p for p in pods if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
+    assert len(gpu_pods) == 2
+    for pod in gpu_pods:
+        assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
+        assert pod["metadata"]["annotations"][keys.CLASS_ANNOTATION] == keys.CHECK_CAPACITY_CLASS
+
+
+# --- replicas and crashes ------------------------------------------------------------------------
+
+def test_leader_failover_standby_finishes_the_flow(env: Env) -> None:
+    ns = NS["main"]
+    leader = env.leader()
+    standby = "r2" if leader != "r2" else "r1"
+    env.reconcilers.start(standby)
+    time.sleep(2)  # the standby's caches sync; it must not act while the leader lives
+    assert env.leader() == leader
+    create(env, ns, rayjob("failover"))
+    pr = wait_request(env, ns, "failover", 1)
+    env.reconcilers.kill9(leader)
+    t0 = time.monotonic()
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, "failover", "Admitted", timeout=20)
+    print(f"\nfailover: admitted {time.monotonic() - t0:.1f}s after the leader was killed (lease 4 s)")
+    assert env.leader() == standby
+    assert len([r for r in requests_of(env, ns) if r["metadata"]["name"].startswith("failover")]) == 1
+
+
+def test_crash_safety_50_jobs_killed_at_random_points(env: Env) -> None:
+    ns = NS["crash"]
+    rng = random.Random(int(SUFFIX, 16))
+    stand_in = CapacityStandIn(env.kube, gpus=1000, namespace=ns).start()
+    identity = env.leader()
+    try:
+        names = [f"crash-{i:02d}" for i in range(50)]
+        for i, name in enumerate(names):
+            create(env, ns, rayjob(name, gpus=1 + i % 2))
+            if i in (10, 30):
+                env.reconcilers.kill9(identity)  # mid-burst
+                env.reconcilers.start(identity)  # same identity: it takes its own Lease back at once
+        kills = 2
+        for _ in range(4):
+            time.sleep(rng.uniform(0.2, 2.5))
+            env.reconcilers.kill9(identity)
+            env.reconcilers.start(identity)
+            kills += 1
+
+        def admitted() -> bool:
+            items = env.kube.list(RAYJOBS, ns).get("items") or []
+            return len(items) == 50 and all(state(o) == "Admitted" for o in items)
+
+        wait(admitted, 240, "all 50 jobs to be admitted", interval=1)
+        time.sleep(2)  # let any late (wrong) writes land before counting
+        jobs = {o["metadata"]["uid"]: o for o in env.kube.list(RAYJOBS, ns).get("items") or []}
+        requests = requests_of(env, ns)
+        templates = templates_of(env, ns)
+        for o in jobs.values():
+            mine = [r for r in requests if owned_by(r, o)]
+            attempt = int(str(ann(o, keys.ATTEMPT_ANNOTATION)))
+            assert [r["metadata"]["name"] for r in mine] == [ann(o, keys.REQUEST_ANNOTATION)], o["metadata"]["name"]
+            assert mine[0]["metadata"]["name"].endswith(f"-a{attempt}")
+            assert len([t for t in templates if owned_by(t, o)]) == 1
+            assert not o["spec"].get("suspend")
+        owners = {r["uid"] for obj in requests + templates for r in obj["metadata"]["ownerReferences"]}
+        assert owners <= set(jobs), "orphaned requests or templates"
+        assert len(requests) == 50 and len(templates) == 50
+        print(f"\ncrash test: {kills} kill -9 restarts; 50 jobs admitted, 50 requests, 50 templates, no orphans")
+    finally:
+        stand_in.stop()
