@@ -1,0 +1,179 @@
+"""`raygate status` and `kubectl raygate status` against the real API server: RayJobs and RayClusters
+labelled and annotated the way the reconciler leaves held and failed jobs."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from certs import pki
+from raygate import keys
+from raygate.devenv.controlplane import ControlPlane
+
+pytestmark = pytest.mark.integration
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+BIN = Path(sys.executable).parent
+
+
+def ray_object(sample: str, name: str, state: str | None, annotations: dict[str, str] | None = None) -> Any:
+    obj = yaml.safe_load((SAMPLES / sample).read_text())
+    obj["metadata"] = {"name": name, "labels": {keys.STATE_LABEL: state} if state else {},
+                       "annotations": annotations or {}}
+    obj["spec"]["suspend"] = True  # nothing for the KubeRay operator to start
+    return obj
+
+
+@pytest.fixture(scope="module")
+def held(cluster: ControlPlane) -> Iterator[dict[str, str]]:
+    """Two namespaces: `a` with one object in each state, `b` with a single held RayJob."""
+    from uuid import uuid4
+
+    a, b = f"status-a-{uuid4().hex[:5]}", f"status-b-{uuid4().hex[:5]}"
+    objs_a = [
+        ray_object("rayjob.sample.yaml", "waiting-job", "Pending", {
+            keys.ATTEMPT_ANNOTATION: "1", keys.REASON_ANNOTATION: "waiting for capacity: 8 nvidia.com/gpu"}),
+        ray_object("rayjob.sample.yaml", "booking-job", "Provisioning", {
+            keys.ATTEMPT_ANNOTATION: "2", keys.REQUEST_ANNOTATION: "booking-job-2",
+            keys.REASON_ANNOTATION: "ProvisioningRequest booking-job-2 Accepted, not yet Provisioned"}),
+        ray_object("rayjob.sample.yaml", "broken-job", "Failed", {
+            keys.ATTEMPT_ANNOTATION: "5", keys.REASON_ANNOTATION: "capacity not provisioned after 5 attempts"}),
+        ray_object("rayjob.sample.yaml", "running-job", "Admitted", {keys.ATTEMPT_ANNOTATION: "1"}),
+        ray_object("rayjob.sample.yaml", "plain-job", None),
+        ray_object("raycluster.sample.yaml", "held-cluster", "Pending", {
+            keys.REASON_ANNOTATION: "PodGroup held-cluster Inqueue"}),
+    ]
+    objs_b = [ray_object("rayjob.sample.yaml", "other-job", "Pending")]
+    for ns, objs in ((a, objs_a), (b, objs_b)):
+        cluster.kubectl("create", "namespace", ns)
+        for obj in objs:
+            cluster.kubectl("create", "-n", ns, "-f", "-", input_text=json.dumps(obj))
+    yield {"a": a, "b": b}
+    for ns in (a, b):
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def raygate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "raygate"), *args], capture_output=True, text=True, check=False, timeout=60,
+                          env=env if env is not None else dict(os.environ))
+
+
+def table(stdout: str) -> list[list[str]]:
+    """Rows split on the column gaps (the reason may contain single spaces)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in stdout.splitlines()]
+
+
+def test_table_lists_held_and_failed_in_one_namespace(cluster: ControlPlane, held: dict[str, str]) -> None:
+    proc = raygate("status", "-n", held["a"], "--kubeconfig", str(cluster.kubeconfig))
+    assert proc.returncode == 0, proc.stderr
+    rows = table(proc.stdout)
+    assert rows[0] == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON"]
+    by_name = {r[1]: r for r in rows[1:]}
+    assert set(by_name) == {"rayjob/waiting-job", "rayjob/booking-job", "rayjob/broken-job",
+                            "raycluster/held-cluster"}
+    assert by_name["rayjob/waiting-job"][2:4] == ["Pending", "1"]
+    assert by_name["rayjob/waiting-job"][5] == "waiting for capacity: 8 nvidia.com/gpu"
+    assert by_name["rayjob/booking-job"][2:4] == ["Provisioning", "2"]
+    assert by_name["rayjob/broken-job"][2:4] == ["Failed", "5"]
+    assert by_name["raycluster/held-cluster"][2:4] == ["Pending", "-"]
+    assert by_name["raycluster/held-cluster"][5] == "PodGroup held-cluster Inqueue"
+    for row in rows[1:]:
+        assert row[0] == held["a"]
+        assert re.fullmatch(r"\d+s|\d+m(\d+s)?", row[4]), row
+
+
+def test_json_output(cluster: ControlPlane, held: dict[str, str]) -> None:
+    proc = raygate("status", "-n", held["a"], "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
+    assert proc.returncode == 0, proc.stderr
+    items = {i["name"]: i for i in json.loads(proc.stdout)["items"]}
+    assert set(items) == {"waiting-job", "booking-job", "broken-job", "held-cluster"}
+    booking = items["booking-job"]
+    assert booking["kind"] == "RayJob" and booking["namespace"] == held["a"]
+    assert booking["state"] == "Provisioning" and booking["attempt"] == 2
+    assert booking["provisioningRequest"] == "booking-job-2"
+    assert booking["reason"] == "ProvisioningRequest booking-job-2 Accepted, not yet Provisioned"
+    created = dt.datetime.fromisoformat(booking["creationTimestamp"].replace("Z", "+00:00"))
+    expected_wait = (dt.datetime.now(dt.UTC) - created).total_seconds()
+    assert abs(booking["waitingSeconds"] - expected_wait) <= 5
+    assert items["held-cluster"]["kind"] == "RayCluster" and items["held-cluster"]["attempt"] is None
+
+
+def test_all_namespaces_and_empty_namespace(cluster: ControlPlane, held: dict[str, str],
+                                            make_namespace: Callable[..., str]) -> None:
+    proc = raygate("status", "-A", "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
+    assert proc.returncode == 0, proc.stderr
+    mine = {(i["namespace"], i["name"]) for i in json.loads(proc.stdout)["items"]
+            if i["namespace"] in held.values()}
+    assert (held["b"], "other-job") in mine and (held["a"], "broken-job") in mine and len(mine) == 5
+    empty = make_namespace("status-empty")
+    proc = raygate("status", "-n", empty, "--kubeconfig", str(cluster.kubeconfig))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"No held or failed RayJobs or RayClusters in namespace {empty}."
+
+
+def test_kubectl_plugin(cluster: ControlPlane, held: dict[str, str]) -> None:
+    """`kubectl raygate status`: kubectl finds kubectl-raygate on PATH and passes KUBECONFIG through."""
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig),
+           "PATH": os.pathsep.join([str(BIN), str(cluster.bundle.bin_dir), "/usr/bin", "/bin"])}
+    plugins = subprocess.run(["kubectl", "plugin", "list"], capture_output=True, text=True, env=env, check=False)
+    assert str(BIN / "kubectl-raygate") in plugins.stdout, plugins.stdout + plugins.stderr
+    proc = subprocess.run(["kubectl", "raygate", "status", "-n", held["b"]], capture_output=True, text=True,
+                          env=env, check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = table(proc.stdout)
+    assert [r[:3] for r in rows[1:]] == [[held["b"], "rayjob/other-job", "Pending"]]
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("raygate: error: ")
+    return lines[0]
+
+
+def _kubeconfig(path: Path, server: str, ca: str, cert: str, key: str) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": ca}}],
+        "users": [{"name": "u", "user": {"client-certificate": cert, "client-key": key}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+def test_unreachable_cluster_is_one_line(cluster: ControlPlane, tmp_path: Path) -> None:
+    from raygate.devenv.controlplane import free_port
+
+    p = cluster.pki
+    cfg = _kubeconfig(tmp_path / "kc", f"https://127.0.0.1:{free_port()}", str(p / "ca.crt"),
+                      str(p / "admin.crt"), str(p / "admin.key"))
+    line = _one_line(raygate("status", "-A", "--kubeconfig", str(cfg)))
+    assert "cannot reach the API server" in line
+
+
+def test_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    line = _one_line(raygate("status", "--kubeconfig", str(tmp_path / "nope")))
+    assert "kubeconfig" in line.lower() or "credentials" in line
+
+
+def test_forbidden_is_one_line(cluster: ControlPlane, tmp_path: Path) -> None:
+    ca = pki.KeyPair((cluster.pki / "ca.crt").read_bytes(), (cluster.pki / "ca.key").read_bytes())
+    user = pki.make_leaf(ca, "raygate-test-nobody", dt.timedelta(hours=1), server=False, client=True)
+    (tmp_path / "u.crt").write_bytes(user.cert_pem)
+    (tmp_path / "u.key").write_bytes(user.key_pem)
+    cfg = _kubeconfig(tmp_path / "kc", cluster.server, str(cluster.pki / "ca.crt"), str(tmp_path / "u.crt"),
+                      str(tmp_path / "u.key"))
+    line = _one_line(raygate("status", "-n", "default", "--kubeconfig", str(cfg)))
+    assert "forbidden" in line and "rayjobs.ray.io" in line and "raygate-test-nobody" in line, line
