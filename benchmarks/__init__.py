@@ -1,0 +1,1 @@
+"""Benchmarks for raygate (`make bench`): tables on stdout, JSON under build/bench/."""

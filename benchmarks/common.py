@@ -1,0 +1,249 @@
+"""What both benchmarks share: percentiles, targets, tables, the JSON report, machine info and a
+throwaway control plane that is always torn down (also on Ctrl-C and SIGTERM)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from raygate.errors import RaygateError
+
+REPO = Path(__file__).resolve().parent.parent
+OUT_DIR = REPO / "build" / "bench"
+
+
+class BenchError(RaygateError):
+    """The benchmark itself broke (as opposed to a target being missed)."""
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    rank = (len(s) - 1) * p / 100.0
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return s[lo] + (s[hi] - s[lo]) * (rank - lo)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "n": float(len(values)),
+        "min": min(values) if values else math.nan,
+        "p50": percentile(values, 50),
+        "p90": percentile(values, 90),
+        "p99": percentile(values, 99),
+        "max": max(values) if values else math.nan,
+        "mean": sum(values) / len(values) if values else math.nan,
+    }
+
+
+# --- targets -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float
+    op: Literal["<=", ">="]
+    limit: float
+    unit: str
+
+    @property
+    def met(self) -> bool:
+        if math.isnan(self.value):
+            return False
+        return self.value <= self.limit if self.op == "<=" else self.value >= self.limit
+
+    def row(self) -> list[str]:
+        return [self.name, f"{fmt(self.value)} {self.unit}", f"{self.op} {fmt(self.limit)} {self.unit}",
+                "met" if self.met else "MISSED"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "met": self.met}
+
+
+def fmt(v: float) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "n/a"
+    if abs(v) >= 100 or float(v).is_integer():
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
+    cells = [[str(h) for h in headers]] + [[c if isinstance(c, str) else fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    out = [title, "=" * len(title)] if title else []
+    out += [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def targets_table(targets: Sequence[Target]) -> str:
+    return table(["target", "measured", "required", "result"], [t.row() for t in targets], "Targets")
+
+
+# --- machine and report ------------------------------------------------------------------------
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _mem_total_mb() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 1024
+    return 0
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             check=False, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "hostname": platform.node(),
+        "cpu_model": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory_mb": _mem_total_mb(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "git_commit": _git_commit(),
+        "loadavg_at_start": loadavg(),
+    }
+
+
+def write_report(name: str, report: dict[str, Any]) -> Path:
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+# --- process accounting --------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def process_tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(_children(p))
+    return out
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """user + system CPU time of these processes (live ones only)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / _TICK
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def status_kb(pid: int, key: str) -> int:
+    """A `kB` field of /proc/<pid>/status (VmHWM, VmRSS); 0 when the process is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+# --- the control plane -------------------------------------------------------------------------
+
+def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def bundle() -> Any:
+    """The control-plane binaries, as the tests get them; `make bench` builds them first (cluster-bins)."""
+    from raygate.devenv.build import ensure_bundle
+
+    return ensure_bundle(log=False)
+
+
+@contextlib.contextmanager
+def control_plane(kuberay: bool = False) -> Iterator[Any]:
+    """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory; every
+    process it (and whatever ran on it: webhook, reconciler) started is stopped on the way out."""
+    from raygate.devenv.controlplane import ControlPlane
+
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    workdir = Path(tempfile.mkdtemp(prefix="raygate-bench-"))
+    cp = ControlPlane(workdir, bundle())
+    try:
+        t0 = time.monotonic()
+        cp.up(kuberay=kuberay, log=False)
+        print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
+        yield cp
+    finally:
+        cp.down(log=False)
+        signal.signal(signal.SIGTERM, previous)
+        keep = os.environ.get("RAYGATE_BENCH_KEEP")
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"bench: kept {workdir} (RAYGATE_BENCH_KEEP)")

@@ -1,0 +1,470 @@
+"""Reconciler benchmark: 1,000 RayJobs at once, through the real webhook and reconciler processes.
+
+1. Create N RayJobs (the multi-group GPU sample: head + 3 worker groups, two of them with GPUs) in an
+   opted-in namespace, as fast as a pool of client threads can; every create goes through the
+   webhook. Time until every job has a ProvisioningRequest (watched), and until every job is
+   labelled Provisioning with the request named in its annotation.
+2. Play cluster-autoscaler: set Accepted=True and Provisioned=True (one status-subresource patch per
+   request). For each job, the delay from the moment its request was patched to the moment a watch
+   on RayJobs shows `spec.suspend: false`. Measured from when the status patch was *sent*, which
+   includes the patch's own latency and the watch delivery (an upper bound); the figure from the
+   patch's response is reported too.
+3. API writes per admitted job, counted by the API server itself: the delta of
+   `apiserver_request_total` for write verbs between a scrape before the creates and one after the
+   last job is admitted, minus the writes this benchmark made (known exactly: one create per job and
+   one status patch per request). Nothing else writes in that window (KubeRay is not running; the
+   webhook writes nothing; kube-controller-manager has nothing to do), and the per-resource
+   breakdown shows what was written. Lease renewals and Events count as the reconciler's writes.
+4. The reconciler's peak RSS: VmHWM from /proc/<pid>/status (summed over its process tree).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import ssl
+import threading
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import BenchError, Target
+from benchmarks.samples import rayjob
+from raygate import keys
+from raygate.informer import Informer
+from raygate.kube import JSON, LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
+
+NAMESPACE = "bench-jobs"
+P99_TARGET_S = 1.0
+WRITES_TARGET = 6.0
+RSS_TARGET_MB = 200.0
+CLIENT_THREADS = 16
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"})
+_METRIC = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+]+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def _kube(kubeconfig: str, pool_size: int) -> Kube:
+    from kubernetes import client, config
+
+    conf = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+    return Kube(conf, user_agent="raygate-bench", pool_size=pool_size)
+
+
+# --- what the watches see --------------------------------------------------------------------------
+
+@dataclass
+class Tracker:
+    """First time (time.monotonic) each job reached each milestone, from watch events."""
+
+    names: set[str]
+    created: dict[str, float] = field(default_factory=dict)
+    request_seen: dict[str, float] = field(default_factory=dict)  # a ProvisioningRequest owned by the job exists
+    requests_per_job: dict[str, set[str]] = field(default_factory=dict)
+    provisioning: dict[str, float] = field(default_factory=dict)  # state Provisioning + request annotation
+    unsuspended: dict[str, float] = field(default_factory=dict)  # spec.suspend false
+    admitted: dict[str, float] = field(default_factory=dict)  # state Admitted
+    request_of: dict[str, str] = field(default_factory=dict)  # job -> request named in its annotation
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    changed: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition(self.lock)
+
+    def on_job(self, kind: str, obj: JSON) -> None:
+        now = time.monotonic()
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if kind == "DELETED" or name not in self.names:
+            return
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        state = labels.get(keys.STATE_LABEL)
+        with self.changed:
+            request = annotations.get(keys.REQUEST_ANNOTATION)
+            if request:
+                self.request_of[name] = str(request)
+            if state == keys.State.PROVISIONING.value and request:
+                self.provisioning.setdefault(name, now)
+            if (obj.get("spec") or {}).get("suspend") is False:
+                self.unsuspended.setdefault(name, now)
+            if state == keys.State.ADMITTED.value:
+                self.admitted.setdefault(name, now)
+            self.changed.notify_all()
+
+    def on_request(self, kind: str, obj: JSON) -> None:
+        now = time.monotonic()
+        if kind == "DELETED":
+            return
+        meta = obj.get("metadata") or {}
+        for ref in meta.get("ownerReferences") or []:
+            job = ref.get("name")
+            if ref.get("kind") == keys.RAYJOB_KIND and job in self.names:
+                with self.changed:
+                    self.request_seen.setdefault(job, now)
+                    self.requests_per_job.setdefault(job, set()).add(str(meta.get("name")))
+                    self.changed.notify_all()
+
+    def wait(self, what: dict[str, float], timeout: float, label: str) -> bool:
+        deadline = time.monotonic() + timeout
+        last_report = time.monotonic()
+        with self.changed:
+            while len(what) < len(self.names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    print(f"bench: gave up waiting: {len(what)} of {len(self.names)} jobs {label}", flush=True)
+                    return False
+                self.changed.wait(min(left, 1.0))
+                if time.monotonic() - last_report > 10:
+                    print(f"bench: {len(what)} of {len(self.names)} jobs {label}", flush=True)
+                    last_report = time.monotonic()
+        return True
+
+
+# --- the API server's own write count ---------------------------------------------------------------
+
+def scrape_writes(cp: Any) -> Counter[tuple[str, str, str, str]]:
+    """apiserver_request_total for write verbs, by (resource, subresource, verb, code)."""
+    ctx = ssl.create_default_context(cafile=str(cp.pki / "ca.crt"))
+    ctx.load_cert_chain(str(cp.pki / "admin.crt"), str(cp.pki / "admin.key"))
+    with urllib.request.urlopen(f"{cp.server}/metrics", context=ctx, timeout=30) as resp:
+        text = resp.read().decode()
+    out: Counter[tuple[str, str, str, str]] = Counter()
+    for line in text.splitlines():
+        m = _METRIC.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m["labels"]))
+        if labels.get("verb") not in WRITE_VERBS or labels.get("dry_run"):
+            continue
+        group = labels.get("group", "")
+        resource = f"{group}/{labels.get('resource', '')}" if group else labels.get("resource", "")
+        out[(resource, labels.get("subresource", ""), labels["verb"], labels.get("code", ""))] += int(
+            float(m["value"]))
+    return out
+
+
+def _delta(after: Counter[Any], before: Counter[Any]) -> Counter[Any]:
+    return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
+
+
+# --- the flow ------------------------------------------------------------------------------------
+
+def _provisioned_patch() -> JSON:
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"status": {"conditions": [
+        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "raygate benchmark",
+         "lastTransitionTime": now},
+        {"type": "Provisioned", "status": "True", "reason": "Provisioned",
+         "message": "raygate benchmark: capacity is available", "lastTransitionTime": now},
+    ]}}
+
+
+def _pr_resource(kube: Kube) -> Resource:
+    for version in keys.PROVREQ_VERSIONS:
+        if kube.served(keys.PROVREQ_GROUP, version):
+            return provisioning_requests(version)
+    raise BenchError("the API server serves no ProvisioningRequest version: are the CRDs installed?")
+
+
+def _wait_leader(kube: Kube, pid: int, timeout: float = 60) -> str:
+    """The reconciler takes its Lease before acting; return its holder (or a note if none appeared)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not common.alive(pid):
+            raise BenchError("the reconciler exited during start-up (see its log in the control-plane workdir)")
+        try:
+            lease = kube.get(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)
+            holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+            if holder:
+                return holder
+        except ApiError as err:
+            if not err.not_found:
+                raise
+        time.sleep(0.2)
+    return f"no Lease {keys.SYSTEM_NAMESPACE}/{keys.LEADER_LEASE} after {timeout:.0f}s"
+
+
+def _delays(start: dict[str, float], end: dict[str, float]) -> list[float]:
+    return [end[k] - start[k] for k in start if k in end]
+
+
+def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
+    from raygate.devenv import raygate_local
+
+    kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
+    pr_res = _pr_resource(kube)
+    cp.kubectl("create", "namespace", NAMESPACE)
+    cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+    raygate_local.start_webhook(cp, workers=2, threads=8)
+    raygate_local.start_reconciler(cp)
+    state = cp.load_state()
+    if state is None or "raygate-reconciler" not in state.pids:
+        raise BenchError("the reconciler was not started")
+    rec_pid = state.pids["raygate-reconciler"]
+    leader = _wait_leader(kube, rec_pid)
+    print(f"bench: reconciler pid {rec_pid}, lease holder: {leader}", flush=True)
+
+    names = [f"job-{i:04d}" for i in range(jobs)]
+    tracker = Tracker(set(names))
+    job_watch = Informer(_kube(str(cp.kubeconfig), 2), RAYJOBS, namespace=NAMESPACE, handler=tracker.on_job,
+                         resync_seconds=3600).start()
+    pr_watch = Informer(_kube(str(cp.kubeconfig), 2), pr_res, namespace=NAMESPACE, handler=tracker.on_request,
+                        resync_seconds=3600).start()
+    if not (job_watch.wait_synced(30) and pr_watch.wait_synced(30)):
+        raise BenchError("the benchmark's own watches did not sync")
+    lease_updates: list[float] = []
+
+    def on_lease(kind: str, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        if kind in {"ADDED", "MODIFIED"} and (meta.get("namespace"), meta.get("name")) == (
+                keys.SYSTEM_NAMESPACE, keys.LEADER_LEASE):
+            lease_updates.append(time.monotonic())
+
+    lease_watch = Informer(_kube(str(cp.kubeconfig), 2), LEASES, namespace=keys.SYSTEM_NAMESPACE, handler=on_lease,
+                           resync_seconds=3600).start()
+    if not lease_watch.wait_synced(30):
+        raise BenchError("the benchmark's own Lease watch did not sync")
+    manifests = [rayjob(n, NAMESPACE) for n in names]
+    writes0 = scrape_writes(cp)
+    t_w0 = time.monotonic()
+    bench_writes: Counter[str] = Counter()
+    rss_samples: list[int] = []
+    stop_sampling = threading.Event()
+
+    def sample_rss() -> None:
+        while not stop_sampling.wait(0.5):
+            rss_samples.append(sum(common.status_kb(p, "VmRSS") for p in common.process_tree(rec_pid)))
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+
+    # Phase 1: create every job at once.
+    def create(obj: JSON) -> None:
+        name = obj["metadata"]["name"]
+        kube.create(RAYJOBS, obj, NAMESPACE)
+        with tracker.changed:
+            tracker.created[name] = time.monotonic()
+
+    t_create = time.monotonic()
+    with ThreadPoolExecutor(CLIENT_THREADS) as pool:
+        list(pool.map(create, manifests))
+    bench_writes["ray.io/rayjobs POST"] += jobs
+    t_created = time.monotonic()
+    print(f"bench: created {jobs} RayJobs in {t_created - t_create:.1f}s", flush=True)
+    all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
+    t_requests = max(tracker.request_seen.values(), default=float("nan"))
+    all_provisioning = tracker.wait(tracker.provisioning, timeout if all_requests else 5, "in state Provisioning")
+    t_provisioning = max(tracker.provisioning.values(), default=float("nan"))
+    time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
+    writes1 = scrape_writes(cp)
+    t_w1 = time.monotonic()
+
+    # Phase 2: cluster-autoscaler says Accepted and Provisioned, one request after another.
+    sent: dict[str, float] = {}
+    returned: dict[str, float] = {}
+    with tracker.lock:
+        targets = {n: tracker.request_of.get(n) or min(tracker.requests_per_job.get(n) or {""}) for n in names}
+    targets = {n: r for n, r in targets.items() if r}
+
+    def provision(item: tuple[str, str]) -> None:
+        job, request = item
+        t0 = time.monotonic()
+        kube.patch(pr_res, request, _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH, sub="status")
+        sent[job], returned[job] = t0, time.monotonic()
+
+    t_patch = time.monotonic()
+    with ThreadPoolExecutor(CLIENT_THREADS // 2) as pool:
+        list(pool.map(provision, sorted(targets.items())))
+    t_patched = time.monotonic()
+    sub = pr_res.plural
+    bench_writes[f"{keys.PROVREQ_GROUP}/{sub}/status PATCH"] += len(targets)
+    print(f"bench: set Provisioned on {len(targets)} requests in {t_patched - t_patch:.1f}s", flush=True)
+    all_unsuspended = tracker.wait(tracker.unsuspended, timeout, "unsuspended")
+    tracker.wait(tracker.admitted, 10 if all_unsuspended else 1, "labelled Admitted")
+    time.sleep(3)  # trailing writes (Events, annotations) of the last admissions
+    writes2 = scrape_writes(cp)
+    t_w2 = time.monotonic()
+    stop_sampling.set()
+    sampler.join(timeout=5)
+    rec_tree = common.process_tree(rec_pid)
+    hwm_kb = sum(common.status_kb(p, "VmHWM") for p in rec_tree)
+    alive = common.alive(rec_pid)
+    for watch in (job_watch, pr_watch, lease_watch):
+        watch.stop()
+    lease_writes = (sum(1 for t in lease_updates if t_w0 <= t < t_w1),
+                    sum(1 for t in lease_updates if t_w1 <= t < t_w2))
+
+    # Check what the reconciler left, from a fresh list (not only the watch).
+    listed = kube.list(RAYJOBS, NAMESPACE).get("items") or []
+    check = _check_jobs(listed, kube.list(pr_res, NAMESPACE).get("items") or [])
+
+    return {
+        "jobs": jobs,
+        "shape": "RayJob: head (4 CPU) + trainer 4x8 GPU + evaluator 2x1 GPU + dataloader 4 CPU pods; "
+                 "2 GPU pod sets per job",
+        "provisioning_request_version": pr_res.version,
+        "reconciler_leader": leader,
+        "create_seconds": t_created - t_create,
+        "creates_per_s": jobs / (t_created - t_create),
+        "all_requests": all_requests,
+        "seconds_until_all_requests": t_requests - t_create,
+        "seconds_until_all_provisioning": t_provisioning - t_create,
+        "all_provisioning": all_provisioning,
+        "jobs_with_request": len(tracker.request_seen),
+        "request_after_create_s": common.summary(_delays(tracker.created, tracker.request_seen)),
+        "status_patch_seconds": t_patched - t_patch,
+        "status_patches_per_s": len(targets) / max(t_patched - t_patch, 1e-9),
+        "all_unsuspended": all_unsuspended,
+        "seconds_from_first_patch_to_last_unsuspend": max(tracker.unsuspended.values(), default=float("nan"))
+        - t_patch,
+        "jobs_unsuspended": len(tracker.unsuspended),
+        "delay_from_patch_sent_s": common.summary(_delays(sent, tracker.unsuspended)),
+        "delay_from_patch_returned_s": common.summary(_delays(returned, tracker.unsuspended)),
+        "writes_by_resource": _writes_table((_delta(writes1, writes0), _delta(writes2, writes1)), bench_writes,
+                                            lease_writes),
+        "bench_writes": dict(bench_writes),
+        "reconciler_peak_rss_mb": hwm_kb / 1024,
+        "reconciler_rss_samples_mb": {"max": max(rss_samples, default=0) / 1024,
+                                      "last": (rss_samples[-1] if rss_samples else 0) / 1024},
+        "reconciler_alive_at_end": alive,
+        "check": check,
+    }
+
+
+# Resources (and verbs) only raygate writes in this setup; the benchmark's own writes are subtracted.
+RAYGATE_WRITES = ("ray.io/rayjobs", "ray.io/rayclusters", "podtemplates", "events", "events.k8s.io/events",
+                  "autoscaling.x-k8s.io/provisioningrequests", "scheduling.volcano.sh/podgroups")
+
+
+def _writes_table(deltas: tuple[Counter[Any], Counter[Any]], bench: Counter[str],
+                  raygate_lease_writes: tuple[int, int]) -> list[JSON]:
+    """Per resource and verb: writes per phase, and who made them. The leases row is split by a
+    watch on raygate's own Lease (kube-apiserver renews its identity Lease in the same resource)."""
+    rows: dict[tuple[str, str], JSON] = {}
+    for i, delta in enumerate(deltas):
+        for (resource, subresource, verb, code), n in delta.items():
+            key = (f"{resource}{'/' + subresource if subresource else ''}", verb)
+            row = rows.setdefault(key, {"resource": key[0], "verb": verb, "phase1": 0, "phase2": 0, "non_2xx": 0})
+            row[f"phase{i + 1}"] += n
+            if not code.startswith("2"):
+                row["non_2xx"] += n
+    for row in rows.values():
+        row["total"] = total = row["phase1"] + row["phase2"]
+        row["by_benchmark"] = mine = min(bench.get(f"{row['resource']} {row['verb']}", 0), total)
+        if row["resource"] == "coordination.k8s.io/leases":
+            row["by_raygate"] = min(sum(raygate_lease_writes), total)
+        elif row["resource"] in RAYGATE_WRITES:
+            row["by_raygate"] = total - mine
+        else:
+            row["by_raygate"] = 0
+        row["by_others"] = total - mine - row["by_raygate"]
+    return sorted(rows.values(), key=lambda r: (-r["by_raygate"], r["resource"]))
+
+
+def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
+    """Every job Admitted, unsuspended, consume annotations on its GPU templates, one request each."""
+    per_job: Counter[str] = Counter()
+    for pr in requests:
+        for ref in (pr.get("metadata") or {}).get("ownerReferences") or []:
+            if ref.get("kind") == keys.RAYJOB_KIND:
+                per_job[str(ref.get("name"))] += 1
+    admitted = unsuspended = annotated = 0
+    for job in jobs:
+        meta = job.get("metadata") or {}
+        spec = job.get("spec") or {}
+        admitted += (meta.get("labels") or {}).get(keys.STATE_LABEL) == keys.State.ADMITTED.value
+        unsuspended += spec.get("suspend") is False
+        groups = ((spec.get("rayClusterSpec") or {}).get("workerGroupSpecs")) or []
+        gpu = [g for g in groups if g.get("rayStartParams", {}).get("num-gpus")]
+        request = (meta.get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
+        annotated += bool(gpu) and all(
+            ((g.get("template") or {}).get("metadata") or {}).get("annotations", {}).get(keys.CONSUME_ANNOTATION)
+            == request for g in gpu)
+    return {"jobs": len(jobs), "admitted": admitted, "unsuspended": unsuspended,
+            "consume_annotations_ok": annotated, "requests": len(requests),
+            "jobs_with_more_than_one_request": sum(1 for n in per_job.values() if n > 1)}
+
+
+# --- report --------------------------------------------------------------------------------------
+
+def main(args: Any) -> int:
+    t0 = time.monotonic()
+    report: JSON = {"benchmark": "reconciler", "started": common.now_iso(), "machine": common.machine_info()}
+    print(f"bench: reconciler: load average {report['machine']['loadavg_at_start']}", flush=True)
+    logging.getLogger("raygate").setLevel(logging.ERROR)  # our watches complain when the control plane stops
+    with common.control_plane() as cp:
+        flow = run_flow(cp, args.jobs, args.timeout)
+    report["flow"] = flow
+    jobs = flow["jobs"]
+    admitted = flow["check"]["admitted"]
+    raygate_writes = sum(r["by_raygate"] for r in flow["writes_by_resource"])
+    writes_per_job = raygate_writes / admitted if admitted else float("nan")
+    nan = float("nan")
+    delay = flow["delay_from_patch_sent_s"]
+    complete = flow["all_unsuspended"]
+    targets = [
+        Target(f"Provisioned -> unsuspended p99 ({jobs:,} jobs)", delay["p99"] if complete else nan, "<=",
+               P99_TARGET_S, "s"),
+        Target("API writes per admitted job", writes_per_job, "<=", WRITES_TARGET, "writes"),
+        Target("reconciler peak RSS (VmHWM)", flow["reconciler_peak_rss_mb"] or nan, "<=", RSS_TARGET_MB, "MB"),
+    ]
+    report["raygate_writes"] = raygate_writes
+    report["writes_per_admitted_job"] = writes_per_job
+    report["targets"] = [t.to_json() for t in targets]
+    report["all_targets_met"] = all(t.met for t in targets)
+    report["machine"]["loadavg_at_end"] = common.loadavg()
+    report["elapsed_s"] = round(time.monotonic() - t0, 1)
+    path = common.write_report("reconciler", report)
+
+    print()
+    rows: list[list[Any]] = [
+        ["RayJobs created at once", f"{jobs:,}", f"in {flow['create_seconds']:.1f} s ({flow['creates_per_s']:.0f}/s)"],
+        ["until every job has a ProvisioningRequest", f"{flow['seconds_until_all_requests']:.1f} s",
+         f"{flow['jobs_with_request']:,} of {jobs:,}; from the first create"],
+        ["until every job is state Provisioning", f"{flow['seconds_until_all_provisioning']:.1f} s", ""],
+        ["create -> request, p50 / p99", f"{flow['request_after_create_s']['p50']:.2f} / "
+         f"{flow['request_after_create_s']['p99']:.2f} s", "per job"],
+        ["Accepted+Provisioned set on all requests", f"{flow['status_patch_seconds']:.1f} s",
+         f"{flow['status_patches_per_s']:.0f} status patches/s"],
+    ]
+    for label, key in (("from patch sent", "delay_from_patch_sent_s"), ("from patch returned",
+                                                                         "delay_from_patch_returned_s")):
+        s = flow[key]
+        rows.append([f"Provisioned -> unsuspended, {label}",
+                     f"p50 {s['p50'] * 1000:.0f} ms, p99 {s['p99'] * 1000:.0f} ms",
+                     f"max {s['max'] * 1000:.0f} ms; {flow['jobs_unsuspended']:,} of {jobs:,} unsuspended"])
+    c = flow["check"]
+    drain = flow["seconds_from_first_patch_to_last_unsuspend"]
+    rows.append(["first status patch -> last job unsuspended", f"{drain:.1f} s",
+                 f"{flow['jobs_unsuspended'] / drain:.0f} admissions/s" if drain > 0 else ""])
+    no_events = sum(r["by_raygate"] for r in flow["writes_by_resource"] if not r["resource"].endswith("events"))
+    rows += [
+        ["API writes by raygate", f"{raygate_writes:,}", f"{writes_per_job:.2f} per admitted job "
+         f"({no_events / admitted if admitted else float('nan'):.2f} without Events)"],
+        ["reconciler peak RSS (VmHWM)", f"{flow['reconciler_peak_rss_mb']:.0f} MB",
+         f"alive at end: {flow['reconciler_alive_at_end']}"],
+        ["final state", f"{c['admitted']:,} Admitted",
+         f"{c['unsuspended']:,} unsuspended, {c['consume_annotations_ok']:,} with consume annotations, "
+         f"{c['requests']:,} requests, {c['jobs_with_more_than_one_request']} jobs with >1 request"],
+    ]
+    print(common.table(["measure", "value", "note"], rows,
+                       f"Reconciler: {jobs:,} RayJobs (webhook + reconciler as processes on a local control plane)"))
+    print()
+    print(common.table(
+        ["resource", "verb", "phase 1", "phase 2", "total", "by benchmark", "by raygate", "by others", "non-2xx"],
+        [[r["resource"], r["verb"], str(r["phase1"]), str(r["phase2"]), str(r["total"]), str(r["by_benchmark"]),
+          str(r["by_raygate"]), str(r["by_others"]), str(r["non_2xx"])] for r in flow["writes_by_resource"]],
+        "API writes counted by kube-apiserver (apiserver_request_total deltas)",
+    ))
+    print()
+    print(common.targets_table(targets))
+    m = report["machine"]
+    print(f"\nload average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}; report: {path}")
+    return 0

@@ -1,0 +1,75 @@
+"""`python -m benchmarks.run [webhook|reconciler|all]` (`make bench` runs all).
+
+Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
+whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
+a target was missed (the table says MISSED); nonzero only when the benchmark itself broke.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def _settings(text: str) -> list[tuple[int, int]]:
+    try:
+        out = []
+        for item in text.split(","):
+            w, t = item.lower().split("x")
+            out.append((int(w), int(t)))
+        return out
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WORKERSxTHREADS[,...], e.g. 2x8,1x8: {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("which", nargs="?", default="all", choices=["webhook", "reconciler", "all"])
+    w = p.add_argument_group("webhook")
+    w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
+    w.add_argument("--settings", type=_settings, default=None,
+                   help="gunicorn WORKERSxTHREADS to try, first one judged against the targets "
+                        "(default: 2x8,1x8,2x4,2x16,3x4)")
+    w.add_argument("--concurrency", type=_ints, default=None, help="client connections (default: 1,8,32)")
+    w.add_argument("--duration", type=float, default=6.0, help="measured seconds per concurrency level")
+    w.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each level")
+    w.add_argument("--client-processes", type=int, default=2, help="load-generator processes (concurrency > 1)")
+    r = p.add_argument_group("reconciler")
+    r.add_argument("--jobs", type=int, default=1000, help="RayJobs created at once")
+    r.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from benchmarks import reconciler_bench, webhook_bench
+
+    benches: dict[str, Callable[[Any], int]] = {"webhook": webhook_bench.main, "reconciler": reconciler_bench.main}
+    names = list(benches) if args.which == "all" else [args.which]
+    failed = []
+    for name in names:
+        try:
+            if benches[name](args) != 0:
+                failed.append(name)
+        except KeyboardInterrupt:
+            print(f"bench: {name} interrupted", file=sys.stderr)
+            return 130
+        except Exception:
+            traceback.print_exc()
+            print(f"bench: the {name} benchmark broke (see above); no figures for it", file=sys.stderr)
+            failed.append(name)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
