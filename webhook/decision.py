@@ -79,7 +79,7 @@ def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warn
     return out
 
 
-def _max_gang_refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+def _max_gang_refusals(namespace: str, policy: NamespacePolicy, gang: Gang) -> list[str]:
     out = []
     need = gang.min_resources
     for name, limit in sorted(policy.max_gang_quantities().items()):
@@ -87,7 +87,7 @@ def _max_gang_refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list
             out.append(
                 f"the gang needs {q.format_quantity(need.get(name, Decimal(0)), binary=q.is_binary(name))} "
                 f"{name} but "
-                f"namespace {w.namespace} allows at most {q.format_quantity(limit, binary=q.is_binary(name))} "
+                f"namespace {namespace} allows at most {q.format_quantity(limit, binary=q.is_binary(name))} "
                 "(maxGang in raygate-config): reduce replicas or per-pod requests"
             )
     return out
@@ -133,7 +133,7 @@ def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, conf
         problems = _rayjob_refusals(w, policy, b, warnings)
         gang = w.gang()
         problems += mode_rules.refusals(w, policy, gang)
-        problems += _max_gang_refusals(w, policy, gang)
+        problems += _max_gang_refusals(namespace, policy, gang)
     except ManifestError as err:
         return refuse(f"raygate cannot read this {w.kind}: {err}", mode=policy.mode)
     if problems:

@@ -94,7 +94,8 @@ def test_namespace_flag_picks_the_policy(tmp_path: Path, capsys: pytest.CaptureF
     cfg = write(tmp_path, "namespaces:\n  other:\n    maxGang: {nvidia.com/gpu: '1'}\n", "config.yaml")
     job = write(tmp_path, anchor_job().obj())
     assert explain_json(capsys, "-f", job, "--config", cfg)[1]["allowed"] is True
-    assert explain_json(capsys, "-f", job, "--config", cfg, "-n", "other")[1]["allowed"] is False
+    refused = explain_json(capsys, "-f", job, "--config", cfg, "-n", "other")[1]
+    assert refused["allowed"] is False and "namespace other allows at most 1" in refused["message"]
 
 
 def test_refused_manifest_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
