@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raygate import keys
-from raygate.policy import RaygateConfig
+from raygate.policy import Mode, RaygateConfig
 from webhook.decision import Decide, mutate, validate
 from webhook.handler import Answer, answer
 
@@ -191,6 +191,16 @@ def test_create_of_any_ray_object_is_answered_with_a_patch_that_applies(
     # Re-invocation on the patched object changes nothing more.
     first = run(body, mutate, cfg).decision
     assert first is not None
+    if first.allowed and first.gang is not None:  # admitted for gang admission (not left alone)
+        patched = jsonpatch.apply_patch(obj, first.patch)
+        assert all(not op["path"].startswith("/spec/rayClusterSpec/suspend") for op in first.patch)  # KubeRay's
+        if cfg.defaults.mode is Mode.KUEUE:  # Kueue owns suspend: raygate neither writes it nor holds the job
+            assert patched["spec"].get("suspend") == obj["spec"].get("suspend")
+            assert patched["metadata"].get("labels", {}).get(keys.STATE_LABEL) == \
+                obj["metadata"].get("labels", {}).get(keys.STATE_LABEL)
+        else:
+            assert patched["spec"]["suspend"] is True
+            assert patched["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
     if first.patch:
         patched = jsonpatch.apply_patch(obj, first.patch)
         again = run(orjson.dumps(review(patched)), mutate, cfg).decision
