@@ -227,7 +227,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def merge_override(defaults: NamespacePolicy, override: dict[str, Any]) -> NamespacePolicy:
     base = defaults.model_dump(by_alias=True, exclude_none=True)
-    return NamespacePolicy.model_validate(_deep_merge(base, override))
+    return NamespacePolicy.model_validate(_deep_merge(base, override), by_alias=True, by_name=False)
 
 
 class ConfigError(ValueError):
@@ -256,7 +256,8 @@ def parse_config(text: str) -> RaygateConfig:
     if not isinstance(raw, dict):
         raise ConfigError(["config.yaml must be a mapping with keys such as defaults and namespaces"])
     try:
-        cfg = RaygateConfig.model_validate(raw)
+        # camelCase only: a snake_case key is an unknown key, not a silent synonym.
+        cfg = RaygateConfig.model_validate(raw, by_alias=True, by_name=False)
     except ValidationError as err:
         raise ConfigError(_problems(err)) from None
     problems: list[str] = []

@@ -142,3 +142,12 @@ def test_config_source_keeps_the_last_good_config() -> None:
     assert reported == [[], source.last_error]
     assert source.set_text("")  # a good version replaces the old one and clears the error
     assert source.config.policy_for("team").mode is Mode.PROVISIONING and source.last_error == []
+
+
+def test_snake_case_keys_are_unknown_keys_not_synonyms() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config("defaults:\n  queue_name: q\n")
+    assert err.value.problems == ["defaults.queue_name: Extra inputs are not permitted"]
+    with pytest.raises(ConfigError) as err:
+        parse_config("namespaces:\n  team: {max_gang: {cpu: '1'}}\n")
+    assert err.value.problems == ["namespaces.team.max_gang: Extra inputs are not permitted"]
