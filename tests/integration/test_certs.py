@@ -81,7 +81,10 @@ def installed(cluster: ControlPlane) -> Iterator[None]:
     existed = bool(cluster.kubectl("get", "namespace", SYS, "--ignore-not-found", "-o", "name").strip())
     if not existed:
         cluster.kubectl("create", "namespace", SYS)
+    # A clean slate, whatever an earlier test module left behind.
     cluster.kubectl("delete", "secret", keys.TLS_SECRET, "-n", SYS, "--ignore-not-found")
+    for kind, name in CONFIGS:
+        cluster.kubectl("delete", kind, name, "--ignore-not-found")
     for obj in configurations(f"https://127.0.0.1:{free_port()}", b"", "Ignore"):
         for hook in obj["webhooks"]:
             del hook["clientConfig"]["caBundle"]
@@ -91,7 +94,7 @@ def installed(cluster: ControlPlane) -> Iterator[None]:
         cluster.kubectl("delete", kind, name, "--ignore-not-found")
     cluster.kubectl("delete", "secret", keys.TLS_SECRET, "-n", SYS, "--ignore-not-found")
     if not existed:
-        cluster.kubectl("delete", "namespace", SYS, "--wait=false")
+        cluster.kubectl("delete", "namespace", SYS, "--wait=true", "--timeout=120s")
 
 
 @pytest.mark.usefixtures("installed")

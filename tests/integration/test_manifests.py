@@ -427,6 +427,9 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "get list watch patch update", (RAYJOBS, RAYCLUSTERS), ML),
     *_cases((RC,), "get list watch create delete",
             ("provisioningrequests.autoscaling.x-k8s.io", "podtemplates", "podgroups.scheduling.volcano.sh"), ML),
+    # Its informers list and watch jobs and children in every namespace at once (no namespace in the path).
+    *_cases((RC,), "list watch", (RAYJOBS, RAYCLUSTERS, "provisioningrequests.autoscaling.x-k8s.io", "podtemplates",
+                                  "podgroups.scheduling.volcano.sh"), ALL),
     *_cases((RC,), "get list watch", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "create patch", EVENTS, ML),
     *_cases((RC,), "get update", (f"{LEASES}/{keys.LEADER_LEASE}",), SYS),
