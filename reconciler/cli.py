@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Watch held RayJobs and RayClusters; create their PodGroup (volcano mode), PodTemplates and "
         "ProvisioningRequest; unsuspend them when the capacity is Provisioned. One replica leads (Lease "
         f"{keys.LEADER_LEASE}); the others wait to take over.",
+        epilog="A job that ran out of attempts has state Failed and stays suspended; to start it over at attempt 1: "
+        f"kubectl label rayjob NAME -n NAMESPACE {keys.STATE_LABEL}=Pending --overwrite",
     )
     p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     p.add_argument(

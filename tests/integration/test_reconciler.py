@@ -501,6 +501,7 @@ def test_leader_failover_standby_finishes_the_flow(env: Env) -> None:
     assert env.leader() == leader
     create(env, ns, rayjob("failover"))
     pr = wait_request(env, ns, "failover", 1)
+    assert env.reconcilers.writes(standby) == 0, "a standby must not write"
     env.reconcilers.kill9(leader)
     t0 = time.monotonic()
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
