@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds the leader keeps trying to renew before it gives up leading (default: %(default)s)")
     p.add_argument("--retry-period", type=_positive, default=2.0,
                    help="seconds between lease acquire and renew attempts (default: %(default)s)")
-    p.add_argument("--workers", type=_count, default=4, help="jobs reconciled in parallel (default: %(default)s)")
+    p.add_argument("--workers", type=_count, default=8, help="jobs reconciled in parallel (default: %(default)s)")
     p.add_argument("--resync-seconds", type=_positive, default=300.0,
                    help="seconds between full passes over every cached job (default: %(default)s)")
     p.add_argument("--as", dest="impersonate", default=None, metavar="USER",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 
 @dataclass(frozen=True)
 class Options:
-    workers: int = 4
+    workers: int = 8
     resync_seconds: float = 300.0
 
 
@@ -61,6 +62,35 @@ def served_provreq_version(kube: Kube) -> str | None:
         if kube.served(keys.PROVREQ_GROUP, version):
             return version
     return None
+
+
+class EventSender:
+    """Events leave the reconcile path on their own threads, so a worker's next job never waits for
+    a report. One lost in a crash is only a report; deterministic names keep a replay from doubling it."""
+
+    def __init__(self, kube: Kube, threads: int = 2, capacity: int = 10_000) -> None:
+        self.kube = kube
+        self._queue: queue.Queue[tuple[JSON, flow.Emit] | None] = queue.Queue(capacity)
+        self._threads = [threading.Thread(target=self._run, name=f"events-{i}", daemon=True) for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def send(self, job: JSON, emit: flow.Emit) -> None:
+        try:
+            self._queue.put_nowait((job, emit))
+        except queue.Full:
+            log.warning("event dropped: too many queued", extra={**logs.ref(job), "reason": emit.reason})
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job, emit = item
+            events.record(self.kube, job, emit.reason, emit.message, warning=emit.warning, name=emit.name)
+
+    def stop(self, grace: float = 5.0) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(grace)
 
 
 class Controller:
@@ -89,6 +119,7 @@ class Controller:
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
+        self.events = EventSender(kube)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start_informers(self) -> None:
@@ -116,6 +147,7 @@ class Controller:
         self.queue.shutdown()
         for t in self._workers:  # let in-flight reconciles finish before the Lease is released
             t.join(grace)
+        self.events.stop(grace)
         for inf in (*self.jobs.values(), *self.children.values()):
             inf.stop()
 
@@ -272,8 +304,7 @@ class Controller:
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
             elif isinstance(action, flow.Emit):
-                events.record(self.kube, job, action.reason, action.message, warning=action.warning,
-                              name=action.name)
+                self.events.send(job, action)
 
     def _count_step(self, step: str, w: Workload, now: dt.datetime) -> None:
         if step in ("retry", "fail") and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:

@@ -331,15 +331,14 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
     b.set(STATE_PATH, keys.State.PROVISIONING.value)
     b.set(_annotation(keys.REQUEST_ANNOTATION), name)
     b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
-    b.set(_annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} to be Provisioned")
-    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     counts = ", ".join(f"{p.name} x{p.count}" for p in gang.managed)
-    plan.actions += [
-        _patch(b, "provisioning"),
-        Emit("ProvisioningRequestCreated",
-             f"held until ProvisioningRequest {name} ({policy.provisioning.class_name}; {counts}) is Provisioned",
-             name=children.event_name(w, "ProvisioningRequestCreated", name)),
-    ]
+    b.set(_annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} "
+          f"({policy.provisioning.class_name}; {counts}) to be Provisioned")
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    # No Event for a plain wait: the state label and this reason say it, and at most 6 writes per
+    # admitted job leave room for one normal Event (Admitted) with two GPU pod sets. Anything
+    # unusual while held (no capacity, retries, a closed queue) gets a Warning Event.
+    plan.actions.append(_patch(b, "provisioning"))
     plan.requeue(policy.provisioning.provisioned_timeout_seconds)
     plan.outcome = "requested"
     return plan
@@ -369,9 +368,11 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     else:
         why = (f"no pod set requests {', '.join(policy.managed_resources)}, so no capacity request was needed")
     b.set(_annotation(keys.REASON_ANNOTATION), f"admitted: {why}")
+    created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+    held = f" after {max((now - created).total_seconds(), 0):.0f}s held" if created else ""
     plan.actions += [
         _patch(b, "admit"),
-        Emit("Admitted", f"unsuspended: {why}", name=children.event_name(w, "Admitted", request or "")),
+        Emit("Admitted", f"unsuspended{held}: {why}", name=children.event_name(w, "Admitted", request or "")),
     ]
     plan.outcome = "admitted"
     return plan

@@ -101,8 +101,7 @@ def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
 def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
     w = job()
     plan = flow.decide(w, Observed(), policy(), NOW)
-    assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning",
-                           "event ProvisioningRequestCreated"]
+    assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
     assert plan.actions[0].obj["metadata"]["name"] == children.template_name(w, "gpu")  # type: ignore[union-attr]
     pr = plan.actions[1].obj  # type: ignore[union-attr]
     assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": children.template_name(w, "gpu")}, "count": 2}]
@@ -131,7 +130,7 @@ def test_patches_first_test_the_state_they_were_decided_on() -> None:
 def test_replay_after_a_crash_creates_only_what_is_missing() -> None:
     w = job()
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
-    assert kinds(flow.decide(w, obs, policy(), NOW)) == ["patch provisioning", "event ProvisioningRequestCreated"]
+    assert kinds(flow.decide(w, obs, policy(), NOW)) == ["patch provisioning"]
 
 
 def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
