@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import processes_mentioning
 
 from raygate.devenv.build import Bundle
 
@@ -43,4 +44,5 @@ def test_demo_admits_the_second_job_only_after_the_first_is_deleted(bundle: Bund
     b_pods = [ln for ln in lines[b_created:a_deleted] if "rayjob/train-b " in ln and "pods=" in ln]
     assert b_pods and all("rayclusters=0  pods=0" in ln for ln in b_pods)
     assert "stand-in for cluster-autoscaler" in out
-    assert "dev: stopped" in out  # --down tore everything down
+    assert "dev: stopped" in out
+    assert processes_mentioning(str(tmp_path / "dev")) == []  # --down left no process behind

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from procs import processes_mentioning
 
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
@@ -288,21 +289,6 @@ def _run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 18
                           env=env if env is not None else dict(os.environ), cwd=cwd)
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes (not zombies) whose command line or environment mention `text`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            blob = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if text.encode() in blob:
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture
@@ -350,7 +336,7 @@ def test_dev_up_twice_then_down_leaves_nothing(dev_dir: Path, bundle: Bundle) ->
         except OSError:
             continue
         assert stat.rsplit(")", 1)[1].split()[0] == "Z", f"{name} (pid {pid}) survived `dev down`"
-    assert _processes_mentioning(str(dev_dir.resolve())) == []
+    assert processes_mentioning(str(dev_dir.resolve())) == []
     assert _run([*dev, "env"]).returncode != 0
 
 
@@ -374,7 +360,7 @@ def test_dev_up_on_a_busy_port_is_one_line(tmp_path: Path, bundle: Bundle) -> No
         port = s.getsockname()[1]
         proc = _run([str(RAYGATE), "dev", "--dir", str(workdir), "up", "--apiserver-port", str(port)])
     _one_clear_line(proc, f"port {port}", "already in use", "kube-apiserver")
-    assert _processes_mentioning(str(workdir.resolve())) == []
+    assert processes_mentioning(str(workdir.resolve())) == []
 
 
 def _path_without_go() -> str:
