@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal, InvalidOperation
@@ -21,6 +22,12 @@ class QuantityError(ValueError):
 
 def parse(value: object) -> Decimal:
     """Parse "500m", "1.5Gi", 2, "1e3"; raise QuantityError with the offending text."""
+    if type(value) is str:
+        return _parse_text(value)  # the common case, memoised: Decimals are immutable
+    return _parse(value)
+
+
+def _parse(value: object) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int | float):
@@ -40,6 +47,10 @@ def parse(value: object) -> Decimal:
     if suffix in _BINARY:
         return base * _BINARY[suffix]
     return base * _DECIMAL[suffix or ""]
+
+
+# A review parses the same few dozen strings ("8", "64Gi", ...) again and again; errors are not cached.
+_parse_text = functools.lru_cache(maxsize=4096)(_parse)
 
 
 def is_binary(name: str) -> bool:

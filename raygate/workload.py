@@ -71,7 +71,10 @@ class Gang:
 def get(obj: Any, path: Path, default: Any = None) -> Any:
     cur = obj
     for part in path:
-        if isinstance(part, int):
+        if type(cur) is dict and type(part) is str:  # the common case, without the slower ABC check below
+            if part not in cur:
+                return default
+        elif isinstance(part, int):
             if not isinstance(cur, list) or part >= len(cur):
                 return default
         elif not isinstance(cur, Mapping) or part not in cur:
