@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--concurrency", type=_ints, default=None, help="client connections (default: 1,8,32)")
     w.add_argument("--duration", type=float, default=6.0, help="measured seconds per concurrency level")
     w.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each level")
+    w.add_argument("--open-rate", type=float, default=1000.0,
+                   help="also offer this many reviews/s over 8 connections (open loop); 0 skips it")
     w.add_argument("--client-processes", type=int, default=2, help="load-generator processes (concurrency > 1)")
     r = p.add_argument_group("reconciler")
     r.add_argument("--jobs", type=int, default=1000, help="RayJobs created at once")
