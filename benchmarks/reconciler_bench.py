@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import re
 import ssl
 import threading
@@ -191,6 +192,14 @@ def _wait_leader(kube: Kube, pid: int, timeout: float = 60) -> str:
     return f"no Lease {keys.SYSTEM_NAMESPACE}/{keys.LEADER_LEASE} after {timeout:.0f}s"
 
 
+def _cpu_by_process(cp: Any) -> dict[str, float]:
+    """CPU seconds used so far by each control-plane and raygate process (with its children) and this one."""
+    state = cp.load_state()
+    out = {name: common.cpu_seconds(common.process_tree(pid)) for name, pid in (state.pids if state else {}).items()}
+    out["benchmark (this process)"] = common.cpu_seconds([os.getpid()])
+    return out
+
+
 def _delays(start: dict[str, float], end: dict[str, float]) -> list[float]:
     return [end[k] - start[k] for k in start if k in end]
 
@@ -234,6 +243,7 @@ def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
     manifests = [rayjob(n, NAMESPACE) for n in names]
     writes0 = scrape_writes(cp)
     t_w0 = time.monotonic()
+    cpu0 = _cpu_by_process(cp)
     bench_writes: Counter[str] = Counter()
     rss_samples: list[int] = []
     stop_sampling = threading.Event()
@@ -265,6 +275,7 @@ def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
     time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
     writes1 = scrape_writes(cp)
     t_w1 = time.monotonic()
+    cpu1 = _cpu_by_process(cp)
 
     # Phase 2: cluster-autoscaler says Accepted and Provisioned, one request after another.
     sent: dict[str, float] = {}
@@ -291,6 +302,7 @@ def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
     time.sleep(3)  # trailing writes (Events, annotations) of the last admissions
     writes2 = scrape_writes(cp)
     t_w2 = time.monotonic()
+    cpu2 = _cpu_by_process(cp)
     stop_sampling.set()
     sampler.join(timeout=5)
     rec_tree = common.process_tree(rec_pid)
@@ -335,6 +347,10 @@ def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
                                       "last": (rss_samples[-1] if rss_samples else 0) / 1024},
         "reconciler_alive_at_end": alive,
         "check": check,
+        "cpu_seconds_by_process": {
+            name: {"phase1": round(cpu1.get(name, 0) - cpu0.get(name, 0), 2),
+                   "phase2": round(cpu2.get(name, 0) - cpu1.get(name, 0), 2)} for name in cpu2},
+        "phase_seconds": {"phase1": t_w1 - t_w0, "phase2": t_w2 - t_w1},
     }
 
 
@@ -405,18 +421,24 @@ def main(args: Any) -> int:
     jobs = flow["jobs"]
     admitted = flow["check"]["admitted"]
     raygate_writes = sum(r["by_raygate"] for r in flow["writes_by_resource"])
-    writes_per_job = raygate_writes / admitted if admitted else float("nan")
+    # Lease renewals are the leader's heartbeat: they grow with time, not with jobs (the same number
+    # would be written with no job at all), so the per-job figure leaves them out and shows them apart.
+    lease_writes = sum(r["by_raygate"] for r in flow["writes_by_resource"] if r["resource"].endswith("/leases"))
+    job_writes = raygate_writes - lease_writes
+    writes_per_job = job_writes / admitted if admitted else float("nan")
     nan = float("nan")
     delay = flow["delay_from_patch_sent_s"]
     complete = flow["all_unsuspended"]
     targets = [
         Target(f"Provisioned -> unsuspended p99 ({jobs:,} jobs)", delay["p99"] if complete else nan, "<=",
                P99_TARGET_S, "s"),
-        Target("API writes per admitted job", writes_per_job, "<=", WRITES_TARGET, "writes"),
+        Target("API writes per admitted job (Lease renewals apart)", writes_per_job, "<=", WRITES_TARGET, "writes"),
         Target("reconciler peak RSS (VmHWM)", flow["reconciler_peak_rss_mb"] or nan, "<=", RSS_TARGET_MB, "MB"),
     ]
     report["raygate_writes"] = raygate_writes
+    report["raygate_lease_writes"] = lease_writes
     report["writes_per_admitted_job"] = writes_per_job
+    report["writes_per_admitted_job_with_leases"] = raygate_writes / admitted if admitted else float("nan")
     report["targets"] = [t.to_json() for t in targets]
     report["all_targets_met"] = all(t.met for t in targets)
     report["machine"]["loadavg_at_end"] = common.loadavg()
@@ -444,10 +466,12 @@ def main(args: Any) -> int:
     drain = flow["seconds_from_first_patch_to_last_unsuspend"]
     rows.append(["first status patch -> last job unsuspended", f"{drain:.1f} s",
                  f"{flow['jobs_unsuspended'] / drain:.0f} admissions/s" if drain > 0 else ""])
-    no_events = sum(r["by_raygate"] for r in flow["writes_by_resource"] if not r["resource"].endswith("events"))
+    events = sum(r["by_raygate"] for r in flow["writes_by_resource"] if r["resource"].endswith("events"))
+    per = admitted or float("nan")
     rows += [
-        ["API writes by raygate", f"{raygate_writes:,}", f"{writes_per_job:.2f} per admitted job "
-         f"({no_events / admitted if admitted else float('nan'):.2f} without Events)"],
+        ["API writes by raygate for the jobs", f"{job_writes:,}", f"{writes_per_job:.2f} per admitted job "
+         f"({(job_writes - events) / per:.2f} without Events)"],
+        ["  + its Lease renewals", f"{lease_writes:,}", f"{raygate_writes / per:.2f} per admitted job with them"],
         ["reconciler peak RSS (VmHWM)", f"{flow['reconciler_peak_rss_mb']:.0f} MB",
          f"alive at end: {flow['reconciler_alive_at_end']}"],
         ["final state", f"{c['admitted']:,} Admitted",
@@ -456,6 +480,15 @@ def main(args: Any) -> int:
     ]
     print(common.table(["measure", "value", "note"], rows,
                        f"Reconciler: {jobs:,} RayJobs (webhook + reconciler as processes on a local control plane)"))
+    print()
+    phases = flow["phase_seconds"]
+    print(common.table(
+        ["process", "phase 1 CPU s", "cores", "phase 2 CPU s", "cores"],
+        [[name, c["phase1"], c["phase1"] / phases["phase1"], c["phase2"], c["phase2"] / phases["phase2"]]
+         for name, c in sorted(flow["cpu_seconds_by_process"].items(), key=lambda kv: -sum(kv[1].values()))],
+        f"Where the CPU went (phase 1: creates until all Provisioning, {phases['phase1']:.0f} s; "
+        f"phase 2: status patches until all admitted, {phases['phase2']:.0f} s)",
+    ))
     print()
     print(common.table(
         ["resource", "verb", "phase 1", "phase 2", "total", "by benchmark", "by raygate", "by others", "non-2xx"],
