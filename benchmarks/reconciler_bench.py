@@ -204,7 +204,7 @@ def _delays(start: dict[str, float], end: dict[str, float]) -> list[float]:
     return [end[k] - start[k] for k in start if k in end]
 
 
-def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
+def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...] = ()) -> dict[str, Any]:
     from raygate.devenv import raygate_local
 
     kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
@@ -212,7 +212,7 @@ def run_flow(cp: Any, jobs: int, timeout: float) -> dict[str, Any]:
     cp.kubectl("create", "namespace", NAMESPACE)
     cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
     raygate_local.start_webhook(cp, workers=2, threads=8)
-    raygate_local.start_reconciler(cp)
+    raygate_local.start_reconciler(cp, *reconciler_args)
     state = cp.load_state()
     if state is None or "raygate-reconciler" not in state.pids:
         raise BenchError("the reconciler was not started")
@@ -416,7 +416,9 @@ def main(args: Any) -> int:
     print(f"bench: reconciler: load average {report['machine']['loadavg_at_start']}", flush=True)
     logging.getLogger("raygate").setLevel(logging.ERROR)  # our watches complain when the control plane stops
     with common.control_plane() as cp:
-        flow = run_flow(cp, args.jobs, args.timeout)
+        extra = ("--workers", str(args.reconciler_workers)) if args.reconciler_workers else ()
+        flow = run_flow(cp, args.jobs, args.timeout, extra)
+        flow["reconciler_args"] = list(extra)
     report["flow"] = flow
     jobs = flow["jobs"]
     admitted = flow["check"]["admitted"]

@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--client-processes", type=int, default=2, help="load-generator processes (concurrency > 1)")
     r = p.add_argument_group("reconciler")
     r.add_argument("--jobs", type=int, default=1000, help="RayJobs created at once")
+    r.add_argument("--reconciler-workers", type=int, default=None,
+                   help="pass --workers N to `raygate reconciler` (default: its own default)")
     r.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
     return p
 

@@ -321,6 +321,7 @@ def drive(port: int, ca_file: str, concurrency: int, *, processes: int, warmup: 
         "server_cpu_cores": server_cpu / duration,
         "client_cpu_ms_per_review": client_cpu * 1000 / n,
         "client_cpu_cores": client_cpu / duration,
+        "loadavg_1m_after": common.loadavg()[0],
     }
 
 
@@ -442,17 +443,18 @@ def main(args: Any) -> int:
             conc = f"{r['concurrency']} @{r['offered_per_s']:.0f}/s" if r["offered_per_s"] else str(r["concurrency"])
             rows.append([f"{s['workers']}x{s['threads']}", conc, r["reviews_per_s"], lat["p50"],
                          lat["p90"], lat["p99"], lat["max"], r["server_cpu_ms_per_review"], r["server_cpu_cores"],
-                         r["client_cpu_cores"]])
+                         r["client_cpu_cores"], r["loadavg_1m_after"]])
     print(common.table(
         ["workers x threads", "conc", "reviews/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "srv CPU ms/rev",
-         "srv cores", "client cores"],
+         "srv cores", "client cores", "load 1m"],
         rows,
         f"POST /mutate over keep-alive TLS (gunicorn gthread; {args.duration:.0f}s per row after "
         f"{args.warmup:.0f}s warm-up; {os.cpu_count()} CPUs shared by server and clients)",
     ))
     print("conc N: closed loop, N connections each sending its next review when the last is answered.\n"
           "conc 8 @R/s: open loop, R reviews/s offered over 8 connections on a fixed schedule; latency counts\n"
-          "from the scheduled send time. srv CPU: user+system CPU of gunicorn's master and workers per review.")
+          "from the scheduled send time. srv CPU: user+system CPU of gunicorn's master and workers per review.\n"
+          "load 1m: the machine's 1-minute load average after the row (2 CPUs; above 2 others were competing).")
     print()
     print(f"Targets evaluated on {chosen['workers']} workers x {chosen['threads']} threads")
     print(common.targets_table(targets))
