@@ -137,6 +137,16 @@ def _git_commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def _uncommitted() -> list[str]:
+    """Tracked files that differ from HEAD: what ran is HEAD plus these."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                             capture_output=True, text=True, check=False, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line[3:] for line in out.stdout.splitlines() if line.strip()]
+
+
 def machine_info() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
@@ -147,6 +157,7 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": sys.version.split()[0],
         "git_commit": _git_commit(),
+        "uncommitted_changes": _uncommitted(),
         "loadavg_at_start": loadavg(),
     }
 
