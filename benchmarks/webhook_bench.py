@@ -40,7 +40,7 @@ SERVED_P99_TARGET_MS = 10.0
 THROUGHPUT_TARGET = 1000.0
 TARGET_CONCURRENCY = 8
 
-# (workers, threads) to try; `raygate webhook` ships with 2 x 8.
+# (workers, threads) to try, the one judged against the targets first: `raygate webhook` ships with 2 x 8.
 DEFAULT_SETTINGS = ((2, 8), (1, 8), (2, 4), (2, 16), (3, 4))
 CONCURRENCY = (1, 8, 32)
 
@@ -378,18 +378,9 @@ def _wait_all_workers_ready(hook: Any, workers: int, timeout: float = 30) -> Non
 # --- report --------------------------------------------------------------------------------------
 
 def _pick(served: list[dict[str, Any]]) -> dict[str, Any]:
-    """The setting judged against the targets: most served targets met, then the lowest p99 at
-    concurrency 8, then the highest peak throughput."""
-
-    def score(setting: dict[str, Any]) -> tuple[int, float, float]:
-        at8 = _run_at(setting, TARGET_CONCURRENCY)
-        peak = max(r["reviews_per_s"] for r in setting["runs"] if not r["offered_per_s"])
-        p50 = at8["latency_ms"]["p50"] if at8 else float("inf")
-        p99 = at8["latency_ms"]["p99"] if at8 else float("inf")
-        met = (p50 <= SERVED_P50_TARGET_MS) + (p99 <= SERVED_P99_TARGET_MS) + (peak >= THROUGHPUT_TARGET)
-        return (-met, p99, -peak)
-
-    return min(served, key=score)
+    """The setting judged against the targets: the first one tried (by default 2 x 8, what
+    `raygate webhook` ships with); the others are a sweep to compare it with."""
+    return served[0]
 
 
 def _run_at(setting: dict[str, Any], c: int) -> dict[str, Any] | None:
@@ -421,6 +412,15 @@ def main(args: Any) -> int:
         Target(f"served throughput (peak, concurrency {peak['concurrency']})", peak["reviews_per_s"], ">=",
                THROUGHPUT_TARGET, "reviews/s"),
     ]
+    open_loop = next((r for r in chosen["runs"] if r["offered_per_s"]), None)
+    if open_loop:  # the other reading of the targets: that rate offered, latency measured at it
+        rate = open_loop["offered_per_s"]
+        targets += [
+            Target(f"served p50 at {rate:,.0f}/s offered over {TARGET_CONCURRENCY} connections",
+                   open_loop["latency_ms"]["p50"], "<=", SERVED_P50_TARGET_MS, "ms"),
+            Target(f"served p99 at {rate:,.0f}/s offered over {TARGET_CONCURRENCY} connections",
+                   open_loop["latency_ms"]["p99"], "<=", SERVED_P99_TARGET_MS, "ms"),
+        ]
     report["chosen"] = {"workers": chosen["workers"], "threads": chosen["threads"]}
     report["targets"] = [t.to_json() for t in targets]
     report["all_targets_met"] = all(t.met for t in targets)
