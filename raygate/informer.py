@@ -19,6 +19,7 @@ log = logging.getLogger("raygate.informer")
 
 Key = tuple[str, str]  # (namespace, name)
 Handler = Callable[[str, JSON], None]  # (event type: ADDED, MODIFIED, DELETED, SYNC), object
+Transform = Callable[[JSON], JSON]  # applied to each object before it is stored (e.g. to drop fields)
 
 
 def key_of(obj: JSON) -> Key:
@@ -39,6 +40,7 @@ class Informer:
         resync_seconds: float = 300.0,
         watch_timeout: int = 300,
         page_size: int = 500,
+        transform: Transform | None = None,
     ) -> None:
         self.kube = kube
         self.resource = resource
@@ -48,6 +50,7 @@ class Informer:
         self.resync_seconds = resync_seconds
         self.watch_timeout = watch_timeout
         self.page_size = page_size
+        self.transform = transform
         self._store: dict[Key, JSON] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
@@ -92,7 +95,7 @@ class Informer:
             page = self.kube.list(self.resource, self.namespace, limit=self.page_size, **{"continue": cont},
                                   **self.selectors)
             for obj in page.get("items") or []:
-                items[key_of(obj)] = obj
+                items[key_of(obj)] = self.transform(obj) if self.transform else obj
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion") or rv)
             cont = meta.get("continue") or None
@@ -119,6 +122,8 @@ class Informer:
             code = obj.get("code")
             log.info("watch error, relisting", extra={"resource": self.resource.plural, "code": code})
             return None
+        if self.transform:
+            obj = self.transform(obj)
         k = key_of(obj)
         with self._lock:
             if kind == "DELETED":

@@ -122,7 +122,7 @@ class Kube:
         self.impersonate: str | None = None
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, *, user_agent: str = "raygate") -> Kube:
+    def connect(cls, kubeconfig: str | None = None, *, user_agent: str = "raygate", pool_size: int = 8) -> Kube:
         """In-cluster credentials when running in a pod, else the kubeconfig (or $KUBECONFIG)."""
         from kubernetes import client, config
 
@@ -139,7 +139,7 @@ class Kube:
             raise RaygateError(
                 f"no Kubernetes credentials: {err}; pass --kubeconfig or set KUBECONFIG"
             ) from None
-        return cls(conf, user_agent=user_agent)
+        return cls(conf, user_agent=user_agent, pool_size=pool_size)
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self._user_agent}

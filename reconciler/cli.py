@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds the leader keeps trying to renew before it gives up leading (default: %(default)s)")
     p.add_argument("--retry-period", type=_positive, default=2.0,
                    help="seconds between lease acquire and renew attempts (default: %(default)s)")
-    p.add_argument("--workers", type=_count, default=8, help="jobs reconciled in parallel (default: %(default)s)")
+    p.add_argument("--workers", type=_count, default=16, help="jobs reconciled in parallel (default: %(default)s)")
     p.add_argument("--resync-seconds", type=_positive, default=300.0,
                    help="seconds between full passes over every cached job (default: %(default)s)")
     p.add_argument("--as", dest="impersonate", default=None, metavar="USER",
@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise RaygateError(f"--lease-duration/--renew-deadline/--retry-period: {err}") from None
     logs.setup(args.log_level)
-    kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler")
+    # One connection per worker, plus the watches, Event senders, Lease and housekeeping: a pool that is
+    # too small discards connections, and every new one costs the API server a TLS handshake.
+    kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler", pool_size=args.workers + 16)
     kube.impersonate = args.impersonate
     identity = args.identity or default_identity()
     try:

@@ -14,6 +14,7 @@ import datetime as dt
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,12 +50,21 @@ REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 
 @dataclass(frozen=True)
 class Options:
-    workers: int = 8
+    workers: int = 16
     resync_seconds: float = 300.0
 
 
 def _meta(obj: JSON, field: str) -> str:
     return str((obj.get("metadata") or {}).get(field) or "")
+
+
+def slim(obj: JSON) -> JSON:
+    """Cached objects without managedFields: the reconciler never reads them, and on jobs patched
+    several times they are a large part of each object."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 def served_provreq_version(kube: Kube) -> str | None:
@@ -66,24 +76,32 @@ def served_provreq_version(kube: Kube) -> str | None:
 
 class EventSender:
     """Events leave the reconcile path on their own threads, so a worker's next job never waits for
-    a report. One lost in a crash is only a report; deterministic names keep a replay from doubling it."""
+    a report; and while jobs are queued they wait (up to `max_defer` seconds), so that in a burst the
+    API server's time goes to admissions first. One lost in a crash is only a report; deterministic
+    names keep a replay from doubling it."""
 
-    def __init__(self, kube: Kube, threads: int = 2, capacity: int = 10_000) -> None:
+    def __init__(self, kube: Kube, busy: Callable[[], bool] = lambda: False, threads: int = 2,
+                 capacity: int = 10_000, max_defer: float = 10.0) -> None:
         self.kube = kube
-        self._queue: queue.Queue[tuple[JSON, flow.Emit] | None] = queue.Queue(capacity)
+        self._busy = busy
+        self._max_defer = max_defer
+        self._queue: queue.Queue[tuple[float, JSON, flow.Emit] | None] = queue.Queue(capacity)
         self._threads = [threading.Thread(target=self._run, name=f"events-{i}", daemon=True) for i in range(threads)]
         for t in self._threads:
             t.start()
 
     def send(self, job: JSON, emit: flow.Emit) -> None:
         try:
-            self._queue.put_nowait((job, emit))
+            self._queue.put_nowait((time.monotonic(), job, emit))
         except queue.Full:
             log.warning("event dropped: too many queued", extra={**logs.ref(job), "reason": emit.reason})
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            job, emit = item
+            queued, job, emit = item
+            deadline = queued + self._max_defer
+            while self._busy() and time.monotonic() < deadline:
+                time.sleep(0.05)
             events.record(self.kube, job, emit.reason, emit.message, warning=emit.warning, name=emit.name)
 
     def stop(self, grace: float = 5.0) -> None:
@@ -109,9 +127,10 @@ class Controller:
             self.child_resources["PodGroup"] = PODGROUPS
         rs = self.options.resync_seconds
         self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
-                                    handler=self._job_event(kind)) for kind, res in JOB_KINDS.items()}
+                                    handler=self._job_event(kind), transform=slim)
+                     for kind, res in JOB_KINDS.items()}
         self.children = {kind: Informer(kube, res, label_selector=MANAGED_SELECTOR, resync_seconds=rs,
-                                        handler=self._child_event(kind))
+                                        handler=self._child_event(kind), transform=slim)
                          for kind, res in self.child_resources.items()}
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
@@ -119,7 +138,7 @@ class Controller:
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
-        self.events = EventSender(kube)
+        self.events = EventSender(kube, busy=lambda: self.queue.busy())
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start_informers(self) -> None:
@@ -152,7 +171,9 @@ class Controller:
             inf.stop()
 
     def all_jobs(self) -> list[JSON]:
-        return [o for inf in self.jobs.values() for o in inf.items()]
+        """Held and admitted jobs; KubeRay's cluster of a RayJob carries its labels but is not one."""
+        return [o for kind, inf in self.jobs.items() for o in inf.items()
+                if kind != keys.RAYCLUSTER_KIND or not owned_by_rayjob(o)]
 
     # --- event handlers (informer threads) ---------------------------------------------------------
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
@@ -294,7 +315,8 @@ class Controller:
                 if not action.changes:
                     continue
                 old_rv = _meta(job, "resourceVersion")
-                job = self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1], content_type=JSON_PATCH)
+                job = slim(self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1],
+                                           content_type=JSON_PATCH))
                 job.setdefault("kind", key[0])
                 job.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
                 with self._lock:

@@ -122,6 +122,12 @@ class WorkQueue(Generic[K]):
             self._shutdown = True
             self._cond.notify_all()
 
+    def busy(self) -> bool:
+        """Keys are waiting to be handed out now or being worked on (delayed keys do not count)."""
+        with self._cond:
+            self._promote_due()
+            return bool(self._ready) or bool(self._processing)
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._ready) + len(self._delayed)
