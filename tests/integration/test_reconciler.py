@@ -299,6 +299,27 @@ def test_happy_path_accepted_holds_provisioned_admits(env: Env) -> None:
     assert writes <= 6
 
 
+def test_a_raycluster_is_held_and_admitted_the_same_way(env: Env) -> None:
+    ns = NS["main"]
+    spec = rayjob("x")["spec"]["rayClusterSpec"]
+    created = env.kube.create(RAYCLUSTERS, {"metadata": {"name": "plain-cluster"}, "spec": spec}, ns)
+
+    def current_request() -> JSON | None:
+        o = env.kube.get(RAYCLUSTERS, "plain-cluster", ns)
+        name = ann(o, keys.REQUEST_ANNOTATION)
+        return next((r for r in requests_of(env, ns) if r["metadata"]["name"] == name), None)
+
+    pr: JSON = wait(current_request, 20, "the RayCluster's request")
+    assert owned_by(pr, created) and pr["spec"]["podSets"][0]["count"] == 2
+    assert env.kube.get(RAYCLUSTERS, "plain-cluster", ns)["spec"]["suspend"] is True
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    admitted = wait(lambda: (lambda o: o if state(o) == "Admitted" else None)(
+        env.kube.get(RAYCLUSTERS, "plain-cluster", ns)), 15, "the RayCluster to be admitted")
+    assert not admitted["spec"].get("suspend")
+    tpl = admitted["spec"]["workerGroupSpecs"][0]["template"]
+    assert tpl["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
+
+
 def test_cpu_only_job_is_admitted_without_a_request(env: Env) -> None:
     ns = NS["main"]
     create(env, ns, rayjob("cpu-only", gpus=0))
