@@ -295,6 +295,9 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC",
+            # As strict as hardened clusters: setting blockOwnerDeletion on a child needs update
+            # on the owner's finalizers, so the reconciler's RBAC is tested for it.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",

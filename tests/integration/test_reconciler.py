@@ -258,6 +258,11 @@ def events_of(env: Env, ns: str, name: str) -> dict[str, str]:
     return {str(e["reason"]): str(e["message"]) for e in items}
 
 
+def event(env: Env, ns: str, name: str, reason: str) -> str:
+    """The message of the job's Event with `reason`; Events are sent off the reconcile path, so wait."""
+    return str(wait(lambda: events_of(env, ns, name).get(reason), 20, f"a {reason} Event on {name}"))
+
+
 PROVISIONED = (("Accepted", "True", "Accepted"), ("Provisioned", "True", "Provisioned"))
 
 
@@ -326,7 +331,7 @@ def test_cpu_only_job_is_admitted_without_a_request(env: Env) -> None:
     admitted = wait_state(env, ns, "cpu-only", "Admitted")
     assert not admitted["spec"].get("suspend")  # KubeRay's own updates drop a false suspend
     assert not [r for r in requests_of(env, ns) if r["metadata"]["name"].startswith("cpu-only")]
-    assert "no capacity request was needed" in events_of(env, ns, "cpu-only")["Admitted"]
+    assert "no capacity request was needed" in event(env, ns, "cpu-only", "Admitted")
 
 
 def test_too_many_gpu_pod_sets_fail_with_a_reason(env: Env) -> None:
@@ -358,7 +363,7 @@ def test_failed_retries_with_backoff_gives_up_and_restarts_on_relabel(env: Env) 
     assert failed["spec"]["suspend"] is True
     assert "test autoscaler: OutOfQuota" in str(ann(failed, keys.REASON_ANNOTATION))
     wait(lambda: not requests_of(env, ns) and not templates_of(env, ns), 10, "requests and templates deleted")
-    assert "test autoscaler: OutOfQuota" in events_of(env, ns, "flaky")["ProvisioningFailed"]
+    assert "test autoscaler: OutOfQuota" in event(env, ns, "flaky", "ProvisioningFailed")
 
     # The documented restart: relabel Pending; it starts over at attempt 1.
     env.cluster.kubectl("label", "rayjob", "flaky", "-n", ns, f"{keys.STATE_LABEL}=Pending", "--overwrite")
@@ -395,7 +400,7 @@ def test_capacity_revoked_after_admission_requeues(env: Env) -> None:
     second = wait_request(env, ns, "revoked", 2)
     requeued = job(env, ns, "revoked")
     assert requeued["spec"]["suspend"] is True
-    assert "NodeLost" in events_of(env, ns, "revoked")["CapacityRevoked"]
+    assert "NodeLost" in event(env, ns, "revoked", "CapacityRevoked")
     assert [r["metadata"]["name"] for r in requests_of(env, ns)] == [second["metadata"]["name"]]
 
 
@@ -426,7 +431,7 @@ def test_volcano_pod_group_held_while_queue_closed_then_pods_carry_metadata(env:
     reason = wait(lambda: (lambda r: r if r and QUEUE in r else None)(
         ann(job(env, ns, "gang"), keys.REASON_ANNOTATION)), 15, "the job to say its queue is closed")
     assert "Closed" in reason
-    assert QUEUE in events_of(env, ns, "gang")["QueueNotOpen"]
+    assert QUEUE in event(env, ns, "gang", "QueueNotOpen")
     time.sleep(1.5)
     held = job(env, ns, "gang")
     assert state(held) == "Pending" and held["spec"]["suspend"] is True
