@@ -91,6 +91,15 @@ RECONCILER_RBAC = Path(__file__).resolve().parents[2] / "config" / "base" / "rba
 CERTS_RBAC = RECONCILER_RBAC.with_name("rbac-certs.yaml")
 
 
+def stop_webhook(cp: ControlPlane, name: str = "raygate-webhook") -> None:
+    """Unregister, then stop: with failurePolicy Fail a registered but stopped webhook would refuse
+    every later RayJob in an opted-in namespace."""
+    for kind, config in (("mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG),
+                         ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG)):
+        cp.kubectl("delete", kind, config, "--ignore-not-found")
+    cp.stop_process(name)
+
+
 def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler", impersonate: bool = True) -> None:
     """The reconciler acts as its service account (impersonated, with the install's RBAC), so the
     webhook's guard trusts its writes to held jobs exactly as in a cluster install."""

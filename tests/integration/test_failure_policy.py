@@ -10,7 +10,7 @@ import pytest
 
 from raygate import keys
 from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import start_reconciler, start_webhook
+from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
 
 pytestmark = pytest.mark.integration
 
@@ -20,8 +20,8 @@ def raygate(cluster: ControlPlane) -> Iterator[ControlPlane]:
     start_webhook(cluster, name="fp-webhook")
     start_reconciler(cluster, "--no-leader-elect", name="fp-reconciler")
     yield cluster
-    for name in ("fp-reconciler", "fp-webhook"):
-        cluster.stop_process(name)
+    cluster.stop_process("fp-reconciler")
+    stop_webhook(cluster, "fp-webhook")
     cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
 
 

@@ -24,7 +24,7 @@ import yaml
 from raygate import keys
 from raygate.devenv.capacity import CapacityStandIn
 from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import start_reconciler, start_webhook
+from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
 from raygate.kube import (
     EVENTS,
     JSON,
@@ -155,10 +155,7 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
         yield e
     finally:
         reconcilers.stop_all()
-        cluster.stop_process("rg-reconciler-test-webhook")
-        cluster.kubectl("delete", "mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG, "--ignore-not-found")
-        cluster.kubectl("delete", "validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG,
-                        "--ignore-not-found")
+        stop_webhook(cluster, "rg-reconciler-test-webhook")
         cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
         for ns in NS.values():
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

@@ -17,7 +17,7 @@ from builders import RayJob
 
 from raygate import keys
 from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import LocalWebhook, start_webhook
+from raygate.devenv.raygate_local import LocalWebhook, start_webhook, stop_webhook
 
 pytestmark = pytest.mark.integration
 
@@ -86,11 +86,7 @@ def hook(cluster: ControlPlane) -> Iterator[LocalWebhook]:
     try:
         yield webhook
     finally:
-        # Unregister first: with failurePolicy Fail a stopped webhook would block every later RayJob.
-        kubectl(cluster, "delete", "mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG, "--ignore-not-found")
-        kubectl(cluster, "delete", "validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG,
-                "--ignore-not-found")
-        cluster.stop_process(HOOK)
+        stop_webhook(cluster, HOOK)
         kubectl(cluster, "delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
 
 
