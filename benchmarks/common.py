@@ -162,7 +162,14 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def write_report(name: str, report: dict[str, Any]) -> Path:
+def write_report(name: str, report: dict[str, Any], targets: Sequence[Target], started: float) -> Path:
+    """Add the verdicts and the end-of-run machine state, then write build/bench/<name>.json.
+
+    `started` is the time.monotonic() at which the benchmark began."""
+    report["targets"] = [t.to_json() for t in targets]
+    report["all_targets_met"] = all(t.met for t in targets)
+    report["machine"]["loadavg_at_end"] = loadavg()
+    report["elapsed_s"] = round(time.monotonic() - started, 1)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
     tmp = path.with_suffix(".tmp")

@@ -441,11 +441,7 @@ def main(args: Any) -> int:
     report["raygate_lease_writes"] = lease_writes
     report["writes_per_admitted_job"] = writes_per_job
     report["writes_per_admitted_job_with_leases"] = raygate_writes / admitted if admitted else float("nan")
-    report["targets"] = [t.to_json() for t in targets]
-    report["all_targets_met"] = all(t.met for t in targets)
-    report["machine"]["loadavg_at_end"] = common.loadavg()
-    report["elapsed_s"] = round(time.monotonic() - t0, 1)
-    path = common.write_report("reconciler", report)
+    path = common.write_report("reconciler", report, targets, t0)
 
     print()
     rows: list[list[Any]] = [

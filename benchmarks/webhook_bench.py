@@ -420,11 +420,7 @@ def main(args: Any) -> int:
                    open_loop["latency_ms"]["p99"], "<=", SERVED_P99_TARGET_MS, "ms"),
         ]
     report["chosen"] = {"workers": chosen["workers"], "threads": chosen["threads"]}
-    report["targets"] = [t.to_json() for t in targets]
-    report["all_targets_met"] = all(t.met for t in targets)
-    report["machine"]["loadavg_at_end"] = common.loadavg()
-    report["elapsed_s"] = round(time.monotonic() - t0, 1)
-    path = common.write_report("webhook", report)
+    path = common.write_report("webhook", report, targets, t0)
 
     print()
     print(common.table(

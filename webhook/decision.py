@@ -114,9 +114,12 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         return _unreadable(request, err)
 
 
-def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+def _subject(
+    request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig
+) -> tuple[Workload, str] | Decision:
+    """The Ray object under review and its namespace, or why raygate has nothing to say about it."""
     obj = request.get("object")
-    if request.get("operation") != "CREATE" or not isinstance(obj, dict):
+    if not isinstance(obj, dict):
         return allow("skipped-operation")
     w = Workload(obj)
     if w.kind not in RAY_KINDS:
@@ -124,12 +127,22 @@ def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, conf
     namespace = _namespace(request, w)
     if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
         return allow("skipped-namespace")
+    return w, namespace
+
+
+def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+    if request.get("operation") != "CREATE":
+        return allow("skipped-operation")
+    subject = _subject(request, ns_labels, config)
+    if isinstance(subject, Decision):
+        return subject
+    w, namespace = subject
     skip = _skip_reason(w)
     if skip:
         return allow(skip)
     policy = config.policy_for(namespace)
     mode_rules = MODES[policy.mode]
-    b = PatchBuilder(obj)
+    b = PatchBuilder(w.obj)
     warnings: list[str] = []
     try:
         problems = _rayjob_refusals(w, policy, b, warnings)
@@ -202,15 +215,10 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
 
 
 def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
-    obj = request.get("object")
-    if not isinstance(obj, dict):
-        return allow("skipped-operation")
-    w = Workload(obj)
-    if w.kind not in RAY_KINDS:
-        return allow("skipped-kind")
-    namespace = _namespace(request, w)
-    if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
-        return allow("skipped-namespace")
+    subject = _subject(request, ns_labels, config)
+    if isinstance(subject, Decision):
+        return subject
+    w, namespace = subject
     if request.get("operation") == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
         decision = mutate(request, ns_labels, config)

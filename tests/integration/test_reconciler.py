@@ -14,12 +14,13 @@ import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import yaml
+from waiting import wait
 
 from raygate import keys
 from raygate.devenv.capacity import CapacityStandIn
@@ -119,17 +120,6 @@ class Env:
         except ApiError:
             return ""
         return str((lease.get("spec") or {}).get("holderIdentity") or "")
-
-
-def wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module")

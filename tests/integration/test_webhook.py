@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from builders import RayJob
+from waiting import wait
 
 from raygate import keys
 from raygate.devenv.controlplane import ControlPlane
@@ -47,17 +48,6 @@ def get(cluster: ControlPlane, kind: str, name: str, namespace: str) -> dict[str
 
 def labels(obj: dict[str, Any]) -> dict[str, str]:
     return obj["metadata"].get("labels") or {}
-
-
-def eventually(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(interval)
 
 
 class Config:
@@ -213,7 +203,7 @@ def test_config_change_takes_effect_within_5s_without_restart(
     pid = cluster.load_state().pids[HOOK]  # type: ignore[union-attr]
     config.apply(f"namespaces:\n  {opted_in}:\n    mode: kueue\n    queueName: team-lq\n", wait=False)
     started = time.monotonic()
-    got = eventually(lambda: _dry_run_labels(cluster, opted_in).get(keys.KUEUE_QUEUE_LABEL), 5,
+    got = wait(lambda: _dry_run_labels(cluster, opted_in).get(keys.KUEUE_QUEUE_LABEL), 5,
                      "the kueue policy from the new ConfigMap")
     elapsed = time.monotonic() - started
     assert got == "team-lq" and elapsed < 5
@@ -235,7 +225,7 @@ def test_broken_config_keeps_the_old_policy_and_records_an_event(
         items: list[dict[str, Any]] = json.loads(proc.stdout)["items"]
         return [e for e in items if e["involvedObject"].get("resourceVersion") == broken]
 
-    event = eventually(invalid_config_events, 10, "an InvalidConfig Event on the ConfigMap")[0]
+    event = wait(invalid_config_events, 10, "an InvalidConfig Event on the ConfigMap")[0]
     assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "ConfigMap"
     for field in ("defaults.mode", "defaults.queueName", "surprise"):
         assert field in event["message"], event["message"]
@@ -256,7 +246,7 @@ def test_held_rayjob_gets_no_raycluster_and_no_pods_from_kuberay(
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)["items"]  # type: ignore[no-any-return]
 
-    eventually(lambda: items("rayclusters", control) and items("pods", control), 60,
+    wait(lambda: items("rayclusters", control) and items("pods", control), 60,
                "KubeRay creating the unheld job's cluster and pods")
 
     def deployment_status() -> str:
@@ -264,7 +254,7 @@ def test_held_rayjob_gets_no_raycluster_and_no_pods_from_kuberay(
         return str(((obj or {}).get("status") or {}).get("jobDeploymentStatus") or "")
 
     # KubeRay saw the held job and accepted it as suspended (not ValidationFailed) ...
-    assert eventually(deployment_status, 30, "KubeRay marking the held job") == "Suspended"
+    assert wait(deployment_status, 30, "KubeRay marking the held job") == "Suspended"
     # ... and creates nothing for it, however long we look.
     for _ in range(10):
         assert items("rayclusters", opted_in) == []
