@@ -1,11 +1,21 @@
-"""The Flask shell around the pure decision: routes, metrics and one log line per decision."""
+"""The Flask shell around the pure decision: routes, metrics and one log line per decision.
+
+POST /mutate and /validate, the only hot routes, are answered by a thin WSGI layer in front of
+Flask (`_FastReviews`): Flask's request context, URL matching and Response object cost more CPU
+than the decision itself. The layer answers exactly what the Flask routes answer (same status,
+body and headers); anything it does not recognise as a plain review POST goes to Flask unchanged.
+"""
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from flask import Flask, Response, request
+from werkzeug.exceptions import InternalServerError
 
 from webhook import metrics
 from webhook.decision import Decide, mutate, validate
@@ -15,23 +25,35 @@ from webhook.state import WebhookState
 
 log = logging.getLogger("raygate.webhook")
 JSON_TYPE = "application/json"
+_LOGGED_OUTCOMES = frozenset({"mutated", "refused", "error"})
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
-def create_app(state: WebhookState) -> Flask:
-    app = Flask("raygate-webhook")
+def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[bytes], tuple[int, bytes]]:
+    """Body in, (HTTP status, JSON body) out, with the metrics and the log line around the decision."""
+    latency = metrics.LATENCY.labels(endpoint)
+    reviews = metrics.ReviewCounters(endpoint)
+    in_flight = metrics.IN_FLIGHT
+    perf_counter = time.perf_counter
 
-    def review(endpoint: str, decide: Decide) -> Response:
-        started = time.perf_counter()
-        with metrics.IN_FLIGHT.track_inprogress():
-            result = answer(request.get_data(), decide, state.config, state.namespace_labels)
-        metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+    def review(body: bytes) -> tuple[int, bytes]:
+        started = perf_counter()
+        in_flight.inc()
+        try:
+            result = answer(body, decide, state.config, state.namespace_labels)
+        finally:
+            in_flight.dec()
+        latency.observe(perf_counter() - started)
         d, req = result.decision, result.request
         if d is None or req is None:
             metrics.BAD_REQUESTS.inc()
-            return Response(result.body, status=result.status, mimetype=JSON_TYPE)
+            return result.status, result.body
         kind = kind_of(req)
-        metrics.REVIEWS.labels(endpoint, kind, d.mode.value if d.mode else "", d.outcome).inc()
-        if d.outcome in {"mutated", "refused", "error"} or (endpoint == "validate" and not d.allowed):
+        reviews.inc(kind, d.mode.value if d.mode else "", d.outcome)
+        if (d.outcome in _LOGGED_OUTCOMES or (endpoint == "validate" and not d.allowed)) \
+                and log.isEnabledFor(logging.INFO):
             log.info(
                 "admission",
                 extra={"endpoint": endpoint, "operation": req.get("operation"), "kind": kind,
@@ -40,15 +62,68 @@ def create_app(state: WebhookState) -> Flask:
                        "outcome": d.outcome, "reason": d.message, "uid": req["uid"],
                        "dryRun": bool(req.get("dryRun"))},
             )
-        return Response(result.body, status=result.status, mimetype=JSON_TYPE)
+        return result.status, result.body
+
+    return review
+
+
+_STATUS_LINES = {200: "200 OK", 400: "400 BAD REQUEST"}  # werkzeug's spelling, as Flask sends it
+
+
+class _FastReviews:
+    """WSGI middleware answering `POST /mutate` and `POST /validate` without Flask.
+
+    Only a request Flask would route to those views and read the same way is taken: exact path,
+    no script name, POST, and a plain Content-Length body (no chunked or streamed input). Everything
+    else, including every other route and method, is passed to Flask's own WSGI app.
+    """
+
+    def __init__(self, app: Flask, flask_wsgi: WSGIApp, routes: dict[str, Callable[[bytes], tuple[int, bytes]]]):
+        self.app = app
+        self.flask_wsgi = flask_wsgi
+        self.routes = routes
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        review = self.routes.get(environ.get("PATH_INFO", ""))
+        length = environ.get("CONTENT_LENGTH")
+        if (review is None or environ.get("REQUEST_METHOD") != "POST" or environ.get("SCRIPT_NAME")
+                or not length or not length.isdigit() or environ.get("HTTP_TRANSFER_ENCODING")):
+            return self.flask_wsgi(environ, start_response)
+        try:
+            n = int(length)
+            body = environ["wsgi.input"].read(n) if n else b""
+            status, out = review(body)
+        except Exception:
+            if self.app.config.get("PROPAGATE_EXCEPTIONS"):
+                raise
+            self.app.log_exception(sys.exc_info())  # what Flask does for an unhandled error: log, then 500
+            return InternalServerError()(environ, start_response)
+        start_response(_STATUS_LINES.get(status) or f"{status} {_reason(status)}",
+                       [("Content-Type", JSON_TYPE), ("Content-Length", str(len(out)))])
+        return [out]
+
+
+def _reason(status: int) -> str:
+    from werkzeug.http import HTTP_STATUS_CODES
+
+    return HTTP_STATUS_CODES.get(status, "UNKNOWN").upper()
+
+
+def create_app(state: WebhookState) -> Flask:
+    app = Flask("raygate-webhook")
+    reviewers = {"/mutate": _reviewer(state, "mutate", mutate), "/validate": _reviewer(state, "validate", validate)}
+
+    def review(path: str) -> Response:
+        status, body = reviewers[path](request.get_data())
+        return Response(body, status=status, mimetype=JSON_TYPE)
 
     @app.post("/mutate")
     def mutate_route() -> Response:
-        return review("mutate", mutate)
+        return review("/mutate")
 
     @app.post("/validate")
     def validate_route() -> Response:
-        return review("validate", validate)
+        return review("/validate")
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -68,4 +143,5 @@ def create_app(state: WebhookState) -> Flask:
         body, content_type = metrics.exposition()
         return Response(body, content_type=content_type)
 
+    app.wsgi_app = _FastReviews(app, app.wsgi_app, reviewers)  # type: ignore[method-assign]
     return app

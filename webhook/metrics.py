@@ -8,6 +8,7 @@ prometheus_client's multiprocess mode aggregates the workers' values, so any wor
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
@@ -43,3 +44,19 @@ def exposition() -> tuple[bytes, str]:
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+class ReviewCounters:
+    """`REVIEWS` children of one endpoint, bound once per label set: `labels()` validates and locks
+    on every call, and a review needs only a dict lookup."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._children: dict[tuple[str, str, str], Any] = {}
+
+    def inc(self, kind: str, mode: str, outcome: str) -> None:
+        key = (kind, mode, outcome)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = REVIEWS.labels(self.endpoint, kind, mode, outcome)
+        child.inc()
