@@ -178,6 +178,14 @@ def write_report(name: str, report: dict[str, Any], targets: Sequence[Target], s
     return path
 
 
+def report_footer(report: dict[str, Any], path: Path) -> str:
+    """Where and under what load the figures were taken, and where the JSON went."""
+    m = report["machine"]
+    dirty = f" + uncommitted {', '.join(m['uncommitted_changes'])}" if m["uncommitted_changes"] else ""
+    return (f"\nload average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}; "
+            f"code: git {m['git_commit']}{dirty}\nreport: {path}")
+
+
 def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 

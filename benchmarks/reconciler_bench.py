@@ -496,8 +496,5 @@ def main(args: Any) -> int:
     ))
     print()
     print(common.targets_table(targets))
-    m = report["machine"]
-    print(f"\nload average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}; code: git {m['git_commit']}"
-          f"{' + uncommitted ' + ', '.join(m['uncommitted_changes']) if m['uncommitted_changes'] else ''}"
-          f"\nreport: {path}")
+    print(common.report_footer(report, path))
     return 0

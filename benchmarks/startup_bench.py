@@ -18,9 +18,9 @@ from typing import Any
 from benchmarks.common import (
     BenchError,
     Target,
-    loadavg,
     machine_info,
     now_iso,
+    report_footer,
     summary,
     table,
     targets_table,
@@ -57,10 +57,9 @@ def main(args: argparse.Namespace) -> int:
     stats = summary(seconds)
     # The median: one run slowed by a neighbour's load should not decide it (loads are in the JSON).
     targets = [Target("warm `raygate dev up --kuberay`, median", stats["p50"], "<=", TARGET_SECONDS, "s")]
-    print(f"load average at the end: {loadavg()}")
     print(table(["run", "seconds"], [[str(i + 1), s] for i, s in enumerate(seconds)], "Warm control-plane start-up"))
     print()
     print(targets_table(targets))
     report.update({"runs_seconds": seconds, "summary": stats})
-    print(f"bench: wrote {write_report('startup', report, targets, t_start)}")
+    print(report_footer(report, write_report("startup", report, targets, t_start)))
     return 0

@@ -452,8 +452,5 @@ def main(args: Any) -> int:
     print()
     print(f"Targets evaluated on {chosen['workers']} workers x {chosen['threads']} threads")
     print(common.targets_table(targets))
-    m = report["machine"]
-    print(f"\nload average at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}; code: git {m['git_commit']}"
-          f"{' + uncommitted ' + ', '.join(m['uncommitted_changes']) if m['uncommitted_changes'] else ''}"
-          f"\nreport: {path}")
+    print(common.report_footer(report, path))
     return 0

@@ -327,7 +327,7 @@ def test_too_many_gpu_pod_sets_fail_with_a_reason(env: Env) -> None:
     failed = wait_state(env, ns, "too-many", "Failed")
     assert "at most 32" in str(ann(failed, keys.REASON_ANNOTATION))
     assert failed["spec"]["suspend"] is True
-    assert "InvalidJob" in events_of(env, ns, "too-many")
+    assert "at most 32" in event(env, ns, "too-many", "InvalidJob")
 
 
 def test_failed_retries_with_backoff_gives_up_and_restarts_on_relabel(env: Env) -> None:
