@@ -240,11 +240,12 @@ def run(args: argparse.Namespace) -> int:
             cp.down()
     if not args.down:
         print("\nThe control plane is still up. Explore it:")
-        print(f"  export KUBECONFIG={cp.kubeconfig} PATH={cp.bundle.bin_dir}:$PATH")
+        # kubectl from the pinned bundle; raygate (and the kubectl plugin) from this environment.
+        print(f"  export KUBECONFIG={cp.kubeconfig} PATH={cp.bundle.bin_dir}:{Path(sys.executable).parent}:$PATH")
         print(f"  kubectl get rayjobs -n {DEMO_NAMESPACE} -L {keys.STATE_LABEL}")
         print(f"  kubectl describe rayjob -n {DEMO_NAMESPACE} {JOBS[1]}")
         print(f"  kubectl get provisioningrequests,pods -n {DEMO_NAMESPACE}")
-        print("  raygate status -A")
+        print("  kubectl raygate status -A")
         print("Stop it with: raygate dev down   (or make dev-down)")
     sys.stdout.flush()
     return 0
