@@ -136,7 +136,11 @@ def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, conf
     subject = _subject(request, ns_labels, config)
     if isinstance(subject, Decision):
         return subject
-    w, namespace = subject
+    return _admit(*subject, config)
+
+
+def _admit(w: Workload, namespace: str, config: RaygateConfig) -> Decision:
+    """Refuse, or hold and patch, an opted-in Ray object being created."""
     skip = _skip_reason(w)
     if skip:
         return allow(skip)
@@ -221,7 +225,7 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     w, namespace = subject
     if request.get("operation") == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
-        decision = mutate(request, ns_labels, config)
+        decision = _admit(w, namespace, config)
         return decision if not decision.allowed else allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
         return allow("skipped-operation")
