@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from raygate import keys
@@ -81,21 +82,21 @@ class Housekeeping:
 
     def _failure_policy_loop(self) -> None:
         synced: tuple[int, str] | None = None
-        ticks = 0
+        recheck_at = 0.0
         while not self.stop_event.wait(1.0):
-            ticks += 1
             wanted = self.config.config.failure_policy
             current = (self.config.generation, wanted)
-            # On every config change at once; otherwise every `period` seconds, to undo drift.
-            if current == synced and ticks < self.period:
+            # At once on every config change; otherwise every `period` seconds, to undo drift.
+            if current == synced and time.monotonic() < recheck_at:
                 continue
-            ticks = 0
+            recheck_at = time.monotonic() + self.period
             try:
                 changed = sync_failure_policy(self.kube, wanted)
             except ApiError as err:
                 log.warning("could not sync the webhook failurePolicy", extra={"error": str(err)})
                 if err.status == 403:
                     synced = current  # not granted (e.g. the cert-manager overlay): retry on a config change only
+                    recheck_at = float("inf")
                 continue
             if changed:
                 log.info("webhook failurePolicy set from the config",
