@@ -132,6 +132,7 @@ class Timeline:
 
     def tick(self) -> dict[str, dict[str, Any]]:
         from raygate.kube import EVENTS
+        from reconciler.flow import raw_conditions
 
         snap = self.snapshot()
         for name, facts in snap.items():
@@ -143,7 +144,7 @@ class Timeline:
                         f"raygate.io/state={facts['state']}  suspend={str(facts['suspend']).lower()}")
             self.report(f"rayjob/{name}", "pods", f"rayclusters={facts['rayclusters']}  pods={facts['pods']}")
         for pr in self._prs:
-            conditions = {c["type"]: c for c in (pr.get("status") or {}).get("conditions") or []}
+            conditions = raw_conditions(pr)
             for ctype in ("Accepted", "Provisioned", "Failed", "BookingExpired"):
                 cond = conditions.get(ctype)
                 if cond is None:

@@ -64,13 +64,15 @@ class Condition:
         return self.status == "True"
 
 
+def raw_conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """status.conditions by type, as written (malformed entries skipped)."""
+    return {str(c["type"]): c for c in get(obj, ("status", "conditions")) or []
+            if isinstance(c, Mapping) and c.get("type")}
+
+
 def conditions(obj: Mapping[str, Any]) -> dict[str, Condition]:
-    out = {}
-    for c in get(obj, ("status", "conditions")) or []:
-        if isinstance(c, Mapping) and c.get("type"):
-            out[str(c["type"])] = Condition(str(c.get("status", "")), str(c.get("reason") or ""),
-                                            str(c.get("message") or ""))
-    return out
+    return {t: Condition(str(c.get("status", "")), str(c.get("reason") or ""), str(c.get("message") or ""))
+            for t, c in raw_conditions(obj).items()}
 
 
 # --- what the reconciler does -------------------------------------------------------------------

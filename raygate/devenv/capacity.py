@@ -27,6 +27,7 @@ from raygate import keys
 from raygate.informer import Informer
 from raygate.kube import JSON, MERGE_PATCH, PODTEMPLATES, ApiError, Kube, Resource, provisioning_requests
 from raygate.workload import ManifestError, get, pod_request
+from reconciler.flow import raw_conditions
 
 log = logging.getLogger("raygate.capacity")
 NOT_FOUND = "CapacityNotFound"
@@ -37,12 +38,8 @@ def _condition(ctype: str, status: bool, reason: str, message: str, now: str) ->
             "lastTransitionTime": now}
 
 
-def _conditions(pr: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {str(c.get("type")): c for c in get(pr, ("status", "conditions")) or [] if isinstance(c, Mapping)}
-
-
 def _is(pr: Mapping[str, Any], ctype: str, status: str = "True") -> bool:
-    return _conditions(pr).get(ctype, {}).get("status") == status
+    return raw_conditions(pr).get(ctype, {}).get("status") == status
 
 
 class CapacityStandIn:
@@ -134,12 +131,12 @@ class CapacityStandIn:
             if need <= free:
                 self._answer(pr, True, f"{need} {self.resource} booked; {free - need} left of {self.gpus}")
                 self._held[uid] = need
-            elif not _is(pr, "Provisioned", "False") or _conditions(pr)["Provisioned"].get("reason") != NOT_FOUND:
+            elif not _is(pr, "Provisioned", "False") or raw_conditions(pr)["Provisioned"].get("reason") != NOT_FOUND:
                 self._answer(pr, False, f"needs {need} {self.resource}, {free} of {self.gpus} free")
 
     def _answer(self, pr: Mapping[str, Any], provisioned: bool, message: str) -> None:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        accepted = _conditions(pr).get("Accepted")
+        accepted = raw_conditions(pr).get("Accepted")
         conds = [
             dict(accepted) if accepted and accepted.get("status") == "True" else
             _condition("Accepted", True, "Accepted", "the request is valid", now),
