@@ -1,4 +1,4 @@
-"""gunicorn serving the webhook: gthread workers, TLS 1.2 or newer, keep-alive on.
+"""gunicorn serving the webhook: gthread workers (see webhook/worker.py), TLS 1.2 or newer, keep-alive on.
 
 Keep-alive matters: the API server reuses connections, and without it every review would pay a
 TLS handshake (the sync worker closes each connection, which caps a 2-core pod at ~250 reviews/s).
@@ -50,7 +50,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [f"{o.bind}:{o.port}"],
             "workers": o.workers,
-            "worker_class": "gthread",
+            "worker_class": "webhook.worker.KeepAliveThreadWorker",  # gthread, one tweak: see there
             "threads": o.threads,
             "keepalive": 65,  # longer than the API server's idle connection reuse
             "timeout": 30,
