@@ -87,8 +87,10 @@ def _where(path: Path) -> str:
     return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path).replace(".[", "[")
 
 
-def _mapping(obj: Any, path: Path, *, required: bool = False) -> Mapping[str, Any]:
-    value = get(obj, path)
+def _as_mapping(value: Any, path: Path, *, required: bool = False) -> Mapping[str, Any]:
+    """`value`, read from `path` (the full path, for the message), as an object; absent is empty."""
+    if type(value) is dict:  # decoded JSON: skips the slower ABC check below
+        return value
     if value is None:
         if required:
             raise ManifestError(f"{_where(path)} is missing")
@@ -98,8 +100,9 @@ def _mapping(obj: Any, path: Path, *, required: bool = False) -> Mapping[str, An
     return value
 
 
-def _list(obj: Any, path: Path) -> list[Any]:
-    value = get(obj, path)
+def _as_list(value: Any, path: Path) -> list[Any]:
+    if type(value) is list:
+        return value
     if value is None:
         return []
     if not isinstance(value, list):
@@ -107,8 +110,7 @@ def _list(obj: Any, path: Path) -> list[Any]:
     return value
 
 
-def _int(obj: Any, path: Path, default: int) -> int:
-    value = get(obj, path)
+def _as_int(value: Any, path: Path, default: int) -> int:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -116,48 +118,63 @@ def _int(obj: Any, path: Path, default: int) -> int:
     return value
 
 
-def _resources(spec: Any, path: Path) -> q.Resources:
-    """A container's request per resource: requests[r], or limits[r] where no request is given."""
-    res = _mapping(spec, path)
+def _mapping(obj: Any, path: Path, *, required: bool = False) -> Mapping[str, Any]:
+    return _as_mapping(get(obj, path), path, required=required)
+
+
+def _list(obj: Any, path: Path) -> list[Any]:
+    return _as_list(get(obj, path), path)
+
+
+def _parse_quantities(values: Mapping[str, Any], path: Path) -> q.Resources:
     out: q.Resources = {}
-    for field in ("limits", "requests"):  # requests win over limits
-        for name, value in _mapping(res, (field,)).items():
-            try:
-                out[name] = q.parse(value)
-            except q.QuantityError as err:
-                raise ManifestError(f"{_where((*path, field, name))}: {err}") from None
+    for name, value in values.items():
+        try:
+            out[name] = q.parse(value)
+        except q.QuantityError as err:
+            raise ManifestError(f"{_where((*path, name))}: {err}") from None
     return out
 
 
+def _resources(value: Any, path: Path) -> q.Resources:
+    """A `resources` object's request per resource: requests[r], or limits[r] where no request is given."""
+    res = _as_mapping(value, path)
+    limits = _parse_quantities(_as_mapping(res.get("limits"), (*path, "limits")), (*path, "limits"))
+    return limits | _parse_quantities(_as_mapping(res.get("requests"), (*path, "requests")), (*path, "requests"))
+
+
+def _container_request(container: Any, path: Path) -> q.Resources:
+    return _resources(_as_mapping(container, path).get("resources"), (*path, "resources"))
+
+
 def pod_request(template: Any, path: Path) -> q.Resources:
-    """The Kubernetes scheduler's effective pod request for a pod template.
+    """The Kubernetes scheduler's effective pod request for a pod template at `path`.
 
     Regular containers and native sidecars (init containers with restartPolicy Always) add up;
     each ordinary init container runs alone beside the sidecars started before it, so the pod
-    needs the larger of the two; pod overhead comes on top.
+    needs the larger of the two; pod overhead comes on top. Every field is read once, straight
+    from its parent (this runs on each admission), and errors name its full path.
     """
-    spec = _mapping(template, ("spec",))
+    spec_path = (*path, "spec")
+    spec = _as_mapping(_as_mapping(template, path).get("spec"), spec_path)
     total: q.Resources = {}
-    for i, _ in enumerate(_list(spec, ("containers",))):
-        total = q.add(total, _resources(spec, ("containers", i, "resources")))
+    containers_path = (*spec_path, "containers")
+    for i, c in enumerate(_as_list(spec.get("containers"), containers_path)):
+        total = q.add(total, _container_request(c, (*containers_path, i)))
     sidecars: q.Resources = {}
     init_peak: q.Resources = {}
-    for i, c in enumerate(_list(spec, ("initContainers",))):
-        req = _resources(spec, ("initContainers", i, "resources"))
-        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
+    init_path = (*spec_path, "initContainers")
+    for i, c in enumerate(_as_list(spec.get("initContainers"), init_path)):
+        req = _container_request(c, (*init_path, i))
+        if c.get("restartPolicy") == "Always":
             total = q.add(total, req)
             sidecars = q.add(sidecars, req)
             init_peak = q.maximum(init_peak, sidecars)
         else:
             init_peak = q.maximum(init_peak, q.add(req, sidecars))
     total = q.maximum(total, init_peak)
-    overhead: q.Resources = {}
-    for name, value in _mapping(spec, ("overhead",)).items():
-        try:
-            overhead[name] = q.parse(value)
-        except q.QuantityError as err:
-            raise ManifestError(f"{_where((*path, 'spec', 'overhead', name))}: {err}") from None
-    return q.add(total, overhead)
+    overhead_path = (*spec_path, "overhead")
+    return q.add(total, _parse_quantities(_as_mapping(spec.get("overhead"), overhead_path), overhead_path))
 
 
 def _parse_all(values: Mapping[str, str]) -> q.Resources:
@@ -222,7 +239,7 @@ class Workload:
         return get(self.cluster_spec, ("enableInTreeAutoscaling",)) is True
 
     def worker_groups(self) -> list[tuple[int, Mapping[str, Any]]]:
-        groups = _list(self.cluster_spec, ("workerGroupSpecs",))
+        groups = _as_list(self.cluster_spec.get("workerGroupSpecs"), (*self.cluster_spec_path, "workerGroupSpecs"))
         for i, g in enumerate(groups):
             if not isinstance(g, Mapping):
                 raise ManifestError(f"{_where((*self.cluster_spec_path, 'workerGroupSpecs', i))} must be an object")
@@ -241,37 +258,40 @@ class Workload:
     def gang(self) -> Gang:
         """Head + worker groups (+ submitter), with the undercounts of KubeRay's own rule fixed."""
         base = self.cluster_spec_path
+        spec = self.cluster_spec
+        autoscaling = spec.get("enableInTreeAutoscaling") is True
+        submission = self.submission_mode if self.is_job else None
         head_path = (*base, "headGroupSpec", "template")
-        if not isinstance(get(self.obj, head_path), Mapping):
+        head_template = get(spec, ("headGroupSpec", "template"))
+        if not isinstance(head_template, Mapping):
             raise ManifestError(f"{_where(head_path)} is missing: a Ray cluster needs a head pod template")
-        head = pod_request(get(self.obj, head_path), head_path)
-        if self.autoscaling:
+        head = pod_request(head_template, head_path)
+        if autoscaling:
             opts = (*base, "autoscalerOptions", "resources")
-            sidecar = _resources(self.obj, opts) or _parse_all(keys.AUTOSCALER_DEFAULT_RESOURCES)
+            sidecar = _resources(get(spec, opts[len(base):]), opts) or _parse_all(keys.AUTOSCALER_DEFAULT_RESOURCES)
             head = q.add(head, sidecar)
-        if self.is_job and self.submission_mode == "SidecarMode":
+        if submission == "SidecarMode":
             head = q.add(head, _parse_all(keys.SUBMITTER_DEFAULT_REQUESTS))
         sets = [PodSet(keys.HEAD_GROUP_TASK, 1, head, head_path)]
         for i, g in self.worker_groups():
             path = (*base, "workerGroupSpecs", i)
             if g.get("suspend") is True:
                 continue
-            # Read through the whole object, so an error names the full field path.
-            lo = _int(self.obj, (*path, "minReplicas"), 0)
-            hi = _int(self.obj, (*path, "maxReplicas"), keys.MAX_REPLICAS_DEFAULT)
+            lo = _as_int(g.get("minReplicas"), (*path, "minReplicas"), 0)
+            hi = _as_int(g.get("maxReplicas"), (*path, "maxReplicas"), keys.MAX_REPLICAS_DEFAULT)
             if lo > hi:
                 raise ManifestError(f"{_where(path)}: minReplicas {lo} is larger than maxReplicas {hi}")
             # The autoscaler starts a group at minReplicas; otherwise replicas, clamped to [min, max].
-            replicas = lo if self.autoscaling else min(max(_int(self.obj, (*path, "replicas"), lo), lo), hi)
-            hosts = _int(self.obj, (*path, "numOfHosts"), 1) or 1
-            template = get(g, ("template",))
+            replicas = lo if autoscaling else min(max(_as_int(g.get("replicas"), (*path, "replicas"), lo), lo), hi)
+            hosts = _as_int(g.get("numOfHosts"), (*path, "numOfHosts"), 1) or 1
+            template = g.get("template")
             if not isinstance(template, Mapping):
                 raise ManifestError(f"{_where((*path, 'template'))} is missing")
             name = g.get("groupName")
             if not isinstance(name, str) or not name:
                 raise ManifestError(f"{_where((*path, 'groupName'))} must be a non-empty string")
             sets.append(PodSet(name, replicas * hosts, pod_request(template, (*path, "template")), (*path, "template")))
-        if self.is_job and self.submission_mode == "K8sJobMode":
+        if submission == "K8sJobMode":
             tpl_path: Path = ("spec", "submitterPodTemplate")
             tpl = get(self.obj, tpl_path)
             if isinstance(tpl, Mapping):

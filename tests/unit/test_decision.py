@@ -440,7 +440,14 @@ REFUSALS = [
             "workerGroupSpecs[0].replicas must be a non-negative integer"),
     Refusal("min_replicas_above_max_replicas", RayJob().worker("w", min_replicas=3, max_replicas=1).obj(),
             "minReplicas 3 is larger than maxReplicas 1"),
-    Refusal("bad_quantity", RayJob().worker("w", requests={"cpu": "lots"}).obj(), "'lots' is not a quantity"),
+    Refusal("bad_quantity_names_its_full_path", RayJob().worker("w", requests={"cpu": "lots"}).obj(),
+            "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].resources.requests.cpu: "
+            "'lots' is not a quantity"),
+    Refusal("container_that_is_not_an_object", RayJob().worker("w").set(
+            "spec", "rayClusterSpec", "workerGroupSpecs", 0, "template", "spec", "containers", value=["gpu"]).obj(),
+            "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0] must be an object"),
+    Refusal("bad_overhead_quantity", RayCluster().set("spec", "headGroupSpec", "template", "spec", "overhead",
+            value={"cpu": "x"}).obj(), "spec.headGroupSpec.template.spec.overhead.cpu: 'x' is not a quantity"),
     Refusal("missing_head_template", RayCluster().set("spec", "headGroupSpec", value={}).obj(),
             "headGroupSpec.template is missing"),
 ]
