@@ -2,7 +2,8 @@
 
 (a) `webhook.decision.mutate()` on a realistic RayJob AdmissionRequest (head + 3 worker groups with
     GPU limits, 4.7 KB on the wire): time per review over many iterations, in this process.
-(b) The webhook as it runs in production (`raygate webhook`: gunicorn gthread workers, TLS, keep-alive)
+(b) The webhook as it runs in production (`raygate webhook`: gunicorn gthread workers as tuned in
+    webhook/worker.py, TLS, keep-alive)
     on a local control plane, driven over keep-alive HTTPS by client processes (one persistent TLS
     connection per client thread) at several concurrency levels. The clients run in separate
     processes so that the GIL of the load generator is not what is measured; the CPU both sides use
@@ -442,7 +443,7 @@ def main(args: Any) -> int:
         ["workers x threads", "conc", "reviews/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "srv CPU ms/rev",
          "srv cores", "client cores", "load 1m"],
         rows,
-        f"POST /mutate over keep-alive TLS (gunicorn gthread; {args.duration:.0f}s per row after "
+        f"POST /mutate over keep-alive TLS (gunicorn gthread, webhook/worker.py; {args.duration:.0f}s per row after "
         f"{args.warmup:.0f}s warm-up; {os.cpu_count()} CPUs shared by server and clients)",
     ))
     print("conc N: closed loop, N connections each sending its next review when the last is answered.\n"
