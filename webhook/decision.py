@@ -167,6 +167,21 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig) -> Decision:
 
 # --- the validating guard -------------------------------------------------------------------------
 
+def _not_suspended_for_kueue(w: Workload, namespace: str) -> str:
+    """Validation runs after every mutating webhook: an unsuspended object here would start at once.
+
+    Kueue suspends a job carrying its queue label in its own mutating webhook, but the API server
+    calls webhook configurations in name order, so Kueue's runs before raygate adds the label, and
+    sees it only if it is re-invoked (its reinvocationPolicy, Never in Kueue's default install)."""
+    return (
+        f"{w.kind} {w.name} would start at once: namespace {namespace} is in kueue mode, but nothing "
+        "suspended it for Kueue to admit. Create it with `spec.suspend: true` (Kueue unsuspends it once "
+        "admitted). Cluster admins: set reinvocationPolicy: IfNeeded on Kueue's mutating webhooks "
+        "(Helm value mutatingWebhook.reinvocationPolicy), and check that Kueue manages "
+        f"{w.kind.lower()}s (integrations.frameworks)"
+    )
+
+
 def _guarded_keys(meta: Mapping[str, Any] | None) -> dict[str, Any]:
     """raygate's own labels and annotations plus the queue labels it decides on."""
     queue_keys = {keys.KUEUE_QUEUE_LABEL, keys.KUEUE_PRIORITY_LABEL, keys.VOLCANO_QUEUE_LABEL,
@@ -226,7 +241,11 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     if request.get("operation") == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
         decision = _admit(w, namespace, config)
-        return decision if not decision.allowed else allow("valid")
+        if not decision.allowed:
+            return decision
+        if decision.mode is Mode.KUEUE and not w.suspended:
+            return refuse(_not_suspended_for_kueue(w, namespace), mode=Mode.KUEUE)
+        return allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
         return allow("skipped-operation")
     old = Workload(request["oldObject"])  # type: ignore[arg-type]

@@ -191,7 +191,8 @@ def test_update_guard_denies_a_user_unsuspending_a_held_job_and_allows_raygate(
 
 
 def _dry_run_labels(cluster: ControlPlane, namespace: str) -> dict[str, str]:
-    proc = create(cluster, RayJob("probe", namespace).obj(), "--dry-run=server")
+    # Created suspended, as Kueue's own webhook would leave it in kueue mode (see the test below).
+    proc = create(cluster, RayJob("probe", namespace).suspend(True).obj(), "--dry-run=server")
     assert proc.returncode == 0, proc.stderr
     return labels(json.loads(proc.stdout))
 
@@ -229,6 +230,23 @@ def test_broken_config_keeps_the_old_policy_and_records_an_event(
     assert event["type"] == "Warning" and event["involvedObject"]["kind"] == "ConfigMap"
     for field in ("defaults.mode", "defaults.queueName", "surprise"):
         assert field in event["message"], event["message"]
+
+
+def test_kueue_mode_refuses_a_job_nothing_suspended_and_admits_one_created_suspended(
+    cluster: ControlPlane, config: Config, opted_in: str,
+) -> None:
+    """No Kueue runs here, just as if its webhook had run before raygate's without being re-invoked."""
+    config.apply(f"namespaces:\n  {opted_in}:\n    mode: kueue\n    queueName: team-lq\n")
+    proc = create(cluster, RayJob("unheld", opted_in).obj())
+    assert proc.returncode != 0
+    for says in ("would start at once", "spec.suspend: true", "reinvocationPolicy: IfNeeded"):
+        assert says in proc.stderr, proc.stderr
+    assert get(cluster, "rayjob", "unheld", opted_in) is None
+    proc = create(cluster, RayJob("held", opted_in).suspend(True).obj())
+    assert proc.returncode == 0, proc.stderr
+    job = get(cluster, "rayjob", "held", opted_in)
+    assert job is not None and job["spec"]["suspend"] is True
+    assert labels(job).get(keys.KUEUE_QUEUE_LABEL) == "team-lq" and keys.STATE_LABEL not in labels(job)
 
 
 @pytest.mark.kuberay

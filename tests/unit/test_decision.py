@@ -17,7 +17,7 @@ import pytest
 from builders import RayCluster, RayJob, config, container, pod_template, request
 
 from raygate import keys
-from raygate.policy import RaygateConfig
+from raygate.policy import Mode, RaygateConfig
 from raygate.workload import Workload
 from webhook.decision import Decision, mutate, validate
 from webhook.patch import pointer
@@ -300,13 +300,42 @@ def test_mutation(case: Mutation) -> None:
 
 @pytest.mark.parametrize("case", MUTATIONS, ids=lambda c: c.name)
 def test_mutation_is_idempotent(case: Mutation) -> None:
-    once = applied(case.obj, decide(case.obj, case.cfg))
+    first = decide(case.obj, case.cfg)
+    once = applied(case.obj, first)
     again = decide(once, case.cfg)
     assert again.allowed
     assert again.patch == []
     assert again.outcome == "unchanged"
-    # And the validating webhook accepts what the mutating webhook produced.
+    # And the validating webhook accepts what the mutating webhooks produced; in kueue mode that
+    # includes Kueue's own, which suspends the job raygate labelled.
+    if first.mode is Mode.KUEUE:
+        once = _kueue_suspends(once)
     assert validate(request(once), OPTED_IN, case.cfg).allowed
+
+
+def _kueue_suspends(obj: dict[str, Any]) -> dict[str, Any]:
+    return jsonpatch.apply_patch(obj, [{"op": "add", "path": SUSPEND, "value": True}])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("obj", [gpu_job().obj(), gpu_job().suspend(False).obj(), RayCluster("c").obj()],
+                         ids=["rayjob", "rayjob-suspend-false", "raycluster"])
+def test_kueue_mode_refuses_a_create_that_nothing_suspended(obj: dict[str, Any]) -> None:
+    """Kueue's webhook, called before raygate's, never saw the queue label: the job would run at once."""
+    cfg = config(mode="kueue", queueName="q")
+    labelled = applied(obj, decide(obj, cfg))
+    d = validate(request(labelled), OPTED_IN, cfg)
+    assert not d.allowed and d.code is not None and 400 <= d.code < 500
+    assert d.message is not None
+    for says in ("would start at once", "`spec.suspend: true`", "reinvocationPolicy: IfNeeded"):
+        assert says in d.message, d.message
+    assert validate(request(_kueue_suspends(labelled)), OPTED_IN, cfg).allowed
+
+
+def test_kueue_mode_leaves_objects_it_skips_alone_when_unsuspended() -> None:
+    cfg = config(mode="kueue", queueName="q")
+    owned = RayCluster("c").label(keys.ORIGINATED_FROM_CRD_LABEL, keys.RAYJOB_KIND).obj()
+    assert validate(request(owned), OPTED_IN, cfg).allowed
+    assert validate(request(gpu_job().obj()), OPTED_IN, config(queueName="q")).allowed  # not kueue mode
 
 
 @pytest.mark.parametrize("case", MUTATIONS, ids=lambda c: c.name)

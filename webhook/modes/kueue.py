@@ -1,7 +1,8 @@
 """kueue mode: label the job for its LocalQueue and refuse what Kueue cannot run.
 
-Kueue owns spec.suspend here (it re-suspends anything unsuspended before admission), so raygate
-never touches it and never marks the job as held.
+Kueue owns spec.suspend here, so raygate never touches it and never marks the job as held. Kueue's
+own webhook suspends a job that carries its queue label, but only if the API server calls it after
+raygate's; the validating webhook refuses a job that arrives unsuspended (decision.py says why).
 """
 
 from __future__ import annotations
