@@ -19,7 +19,8 @@ from pathlib import Path
 from raygate.devenv import versions as v
 from raygate.errors import RaygateError
 
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator")
+KUEUE_METRICS_CERT_DIR_ENV = "RAYGATE_KUEUE_METRICS_CERT_DIR"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,15 @@ class Bundle:
 
     @property
     def complete(self) -> bool:
-        return (self.root / "COMPLETE").exists() and all(self.binary(b).exists() for b in BINARIES)
+        return self.built and not self.missing
+
+    @property
+    def built(self) -> bool:
+        return (self.root / "COMPLETE").exists()
+
+    @property
+    def missing(self) -> list[str]:
+        return [b for b in BINARIES if not self.binary(b).exists()]
 
 
 @dataclass
@@ -50,9 +59,19 @@ class _Wrapper:
     module: str
     version: str
     packages: list[str]
-    replaces: dict[str, str] = field(default_factory=dict)
+    staging_replaces: bool = False  # k8s.io/kubernetes: point its staging modules at their tags
     ldflags: str = "-s -w"
     renames: dict[str, str] = field(default_factory=dict)  # go's binary name -> ours
+    # Build inside the module's own go.mod and go.sum instead of a wrapper: for a module whose
+    # dependencies include one the checksum database does not list (Kueue's scheduler-library).
+    in_module: bool = False
+    # Source edits (file in the module -> (exact text, replacement)) made before an in-module build.
+    edits: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def outputs(self) -> list[str]:
+        names = [re.sub(r"/v\d+$", "", p).rsplit("/", 1)[-1] for p in self.packages]
+        return [self.renames.get(n, n) for n in names]
 
 
 def _go_env(gopath_dirs: Path) -> dict[str, str]:
@@ -138,12 +157,36 @@ def _k8s_ldflags() -> str:
     return " ".join(flags)
 
 
+def _build_in_module(w: _Wrapper, work: Path, out_dir: Path) -> None:
+    src = work / f"{w.name}-src"
+    shutil.copytree(download_module(w.module, w.version, work), src)
+    for path in (src, *src.rglob("*")):  # the module cache is read-only
+        path.chmod(path.stat().st_mode | 0o200)
+    for rel, (old, new) in w.edits.items():
+        text = (src / rel).read_text()
+        if text.count(old) != 1:
+            raise RaygateError(f"{w.module}@{w.version}: {rel} no longer contains {old!r}; update the edit")
+        (src / rel).write_text(text.replace(old, new))
+    _run_go(
+        ["build", "-trimpath", f"-ldflags={w.ldflags}", "-o", str(out_dir) + "/",
+         *["./" + p.removeprefix(w.module).lstrip("/") for p in w.packages]],
+        src,
+        f"building {', '.join(w.outputs)}",
+    )
+    for built, ours in w.renames.items():
+        (out_dir / built).rename(out_dir / ours)
+
+
 def _build_wrapper(w: _Wrapper, work: Path, out_dir: Path) -> None:
+    if w.in_module:
+        _build_in_module(w, work, out_dir)
+        return
     wdir = work / w.name
     wdir.mkdir(parents=True, exist_ok=True)
     lines = [f"module raygate.local/{w.name}", "", "go 1.26.0", ""]
-    if w.replaces:
-        lines += ["replace ("] + [f"\t{m} => {target}" for m, target in sorted(w.replaces.items())] + [")"]
+    if w.staging_replaces:
+        replaces = _k8s_staging_replaces(work)
+        lines += ["replace ("] + [f"\t{m} => {target}" for m, target in sorted(replaces.items())] + [")"]
     (wdir / "go.mod").write_text("\n".join(lines) + "\n")
     (wdir / "go.sum").unlink(missing_ok=True)
     _run_go(["get", *[f"{p}@{w.version}" for p in w.packages]], wdir, f"downloading Go module {w.module}@{w.version}")
@@ -175,21 +218,8 @@ def _collect_crds(work: Path, crd_dir: Path) -> list[str]:
     return names
 
 
-def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
-    """Build the binaries and collect the CRDs once per pinned version set; reuse them afterwards."""
-    bundle = Bundle(v.bundle_dir())
-    if bundle.complete and not force:
-        if log:
-            print(f"cluster-bins: cached in {bundle.root}")
-        return bundle
-    go_version = check_go()
-    started = time.monotonic()
-    staging = bundle.root.with_name(bundle.root.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    work = staging / "work"
-    work.mkdir(parents=True)
-    out_dir = staging / "bin"
-    wrappers = [
+def _wrappers() -> list[_Wrapper]:
+    return [
         # go names a binary after the last path element without the major-version suffix.
         _Wrapper("etcd", v.ETCD_MODULE, v.ETCD_VERSION, [v.ETCD_MODULE], renames={"server": "etcd"}),
         _Wrapper(
@@ -197,14 +227,28 @@ def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
             renames={"ray-operator": "kuberay-operator"},
         ),
         _Wrapper(
+            "kueue", v.KUEUE_MODULE, v.KUEUE_VERSION, [f"{v.KUEUE_MODULE}/cmd/kueue"], in_module=True,
+            # With its own certificate management off, Kueue reads a metrics certificate from a fixed
+            # path under /etc even when metrics are off; the local run points it at its work dir.
+            edits={"cmd/kueue/main.go": (
+                'metricsCertPath := "/etc/kueue/metrics/certs"',
+                f'metricsCertPath := os.Getenv("{KUEUE_METRICS_CERT_DIR_ENV}")\n'
+                '\t\tif metricsCertPath == "" {\n\t\t\tmetricsCertPath = "/etc/kueue/metrics/certs"\n\t\t}',
+            )},
+        ),
+        _Wrapper(
             "kubernetes",
             v.K8S_MODULE,
             v.K8S_VERSION,
             [f"{v.K8S_MODULE}/cmd/{c}" for c in ("kube-apiserver", "kube-controller-manager", "kubectl")],
-            replaces=_k8s_staging_replaces(work),
+            staging_replaces=True,
             ldflags=_k8s_ldflags(),
         ),
     ]
+
+
+def _build_all(wrappers: list[_Wrapper], work: Path, out_dir: Path, log: bool) -> dict[str, float]:
+    work.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     for w in wrappers:
         t0 = time.monotonic()
@@ -212,6 +256,52 @@ def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
             print(f"cluster-bins: building {w.module}@{w.version} ...", flush=True)
         _build_wrapper(w, work, out_dir)
         timings[w.name] = time.monotonic() - t0
+    return timings
+
+
+def _log_timings(timings: dict[str, float]) -> None:
+    for name, secs in timings.items():
+        print(f"cluster-bins: built {name:<11} in {secs:6.1f}s")
+
+
+def _add_missing(bundle: Bundle, log: bool) -> Bundle:
+    """A bundle built before a binary joined BINARIES gets just that binary, not a 10-minute rebuild."""
+    check_go()
+    wrappers = [w for w in _wrappers() if set(w.outputs) & set(bundle.missing)]
+    staging = bundle.root.with_name(bundle.root.name + ".adding")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    timings = _build_all(wrappers, staging / "work", staging / "bin", log)
+    for built in (staging / "bin").iterdir():
+        built.rename(bundle.binary(built.name))
+    shutil.rmtree(staging)
+    manifest_file = bundle.root / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["binaries"] = sorted(p.name for p in bundle.bin_dir.iterdir())
+    manifest["buildSeconds"] = {**manifest.get("buildSeconds", {}), **{k: round(t, 1) for k, t in timings.items()}}
+    manifest_file.write_text(json.dumps(manifest, indent=2) + "\n")
+    if log:
+        _log_timings(timings)
+    return bundle
+
+
+def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
+    """Build the binaries and collect the CRDs once per pinned version set; reuse them afterwards."""
+    bundle = Bundle(v.bundle_dir())
+    if bundle.complete and not force:
+        if log:
+            print(f"cluster-bins: cached in {bundle.root}")
+        return bundle
+    if bundle.built and not force:
+        return _add_missing(bundle, log)
+    go_version = check_go()
+    started = time.monotonic()
+    staging = bundle.root.with_name(bundle.root.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    work = staging / "work"
+    work.mkdir(parents=True)
+    out_dir = staging / "bin"
+    timings = _build_all(_wrappers(), work, out_dir, log)
     crds = _collect_crds(work, staging / "crds")
     shutil.rmtree(work)
     manifest = {
@@ -232,7 +322,6 @@ def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
     staging.rename(bundle.root)
     if log:
         total = time.monotonic() - started
-        for name, secs in timings.items():
-            print(f"cluster-bins: built {name:<11} in {secs:6.1f}s")
+        _log_timings(timings)
         print(f"cluster-bins: {len(manifest['binaries'])} binaries, {len(crds)} CRDs in {bundle.root} ({total:.0f}s)")
     return bundle

@@ -48,7 +48,7 @@ class LocalWebhook:
         raise RaygateError(f"the webhook did not load config version {version} within {timeout:.0f}s")
 
 
-def _write_tls(dir_: Path) -> tuple[Path, Path, Path]:
+def write_tls(dir_: Path) -> tuple[Path, Path, Path]:
     dir_.mkdir(parents=True, exist_ok=True)
     ca = pki.make_ca("raygate-local-webhook-ca", dt.timedelta(days=30))
     leaf = pki.make_leaf(ca, "raygate-webhook", dt.timedelta(days=30), sans=["127.0.0.1", "localhost"])
@@ -70,7 +70,7 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
     if state is None:
         raise RaygateError("start the control plane before the webhook")
     ensure_system_namespace(cp)
-    ca_file, cert_file, key_file = _write_tls(cp.workdir / name)
+    ca_file, cert_file, key_file = write_tls(cp.workdir / name)
     port = free_port()
     cp.spawn(state, name, [
         sys.executable, "-m", "raygate", "webhook", "--bind", "127.0.0.1", "--port", str(port),

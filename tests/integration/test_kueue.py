@@ -1,0 +1,156 @@
+"""kueue mode with the real Kueue controller and the real KubeRay operator: raygate labels, Kueue
+suspends, queues and admits the whole gang, KubeRay starts it only then.
+
+Kueue's webhook configurations are registered under the names its install uses, which the API
+server calls before raygate's; the tests show what its reinvocationPolicy does to a job.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from builders import RayJob
+from waiting import wait
+
+from raygate import keys
+from raygate.devenv.controlplane import ControlPlane
+from raygate.devenv.kueue_local import MUTATING, start_kueue, stop_kueue
+from raygate.devenv.raygate_local import start_webhook, stop_webhook
+
+pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.kueue]
+
+HOOK = "raygate-webhook-kueue"
+LOCAL_QUEUE = "team-lq"
+GPU = "nvidia.com/gpu"
+QUOTA_GPUS = 4
+
+
+def kubectl(cluster: ControlPlane, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(cluster.bundle.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args],
+                          input=input_text, capture_output=True, text=True, check=False, timeout=60)
+
+
+def apply(cluster: ControlPlane, *objs: dict[str, Any]) -> None:
+    proc = kubectl(cluster, "apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                        "items": list(objs)}))
+    assert proc.returncode == 0, proc.stderr
+
+
+def get(cluster: ControlPlane, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    proc = kubectl(cluster, "get", kind, name, "-n", namespace, "-o", "json", "--ignore-not-found")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def items(cluster: ControlPlane, kind: str, namespace: str) -> list[dict[str, Any]]:
+    proc = kubectl(cluster, "get", kind, "-n", namespace, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["items"]  # type: ignore[no-any-return]
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
+
+
+def gpu_job(name: str, namespace: str, gpus_per_worker: int, replicas: int = 2) -> dict[str, Any]:
+    return RayJob(name, namespace).worker(
+        "gpu", replicas=replicas, requests={"cpu": "1", "memory": "1Gi"}, limits={GPU: str(gpus_per_worker)}
+    ).obj()
+
+
+def workload_of(cluster: ControlPlane, job: str, namespace: str) -> dict[str, Any] | None:
+    return next((w for w in items(cluster, "workloads.kueue.x-k8s.io", namespace)
+                 if any(r.get("name") == job for r in w["metadata"].get("ownerReferences") or [])), None)
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: ControlPlane) -> Iterator[None]:
+    """raygate's webhook with every opted-in namespace in kueue mode, Kueue, and a ClusterQueue."""
+    kubectl(cluster, "create", "namespace", keys.SYSTEM_NAMESPACE)  # AlreadyExists is fine
+    apply(cluster, {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
+                    "data": {keys.CONFIGMAP_KEY: f"defaults:\n  mode: kueue\n  queueName: {LOCAL_QUEUE}\n"}})
+    start_webhook(cluster, name=HOOK)
+    start_kueue(cluster, reinvocation="IfNeeded")
+    apply(
+        cluster,
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "default-flavor"}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "gpu-cq"},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{
+             "coveredResources": ["cpu", "memory", GPU],
+             "flavors": [{"name": "default-flavor", "resources": [
+                 {"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"},
+                 {"name": GPU, "nominalQuota": str(QUOTA_GPUS)}]}]}]}},
+    )
+    try:
+        yield
+    finally:
+        stop_kueue(cluster)
+        stop_webhook(cluster, HOOK)
+        for kind, name in (("clusterqueue", "gpu-cq"), ("resourceflavor", "default-flavor")):
+            kubectl(cluster, "delete", kind, name, "--ignore-not-found", "--wait=false")
+        kubectl(cluster, "delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
+
+
+@pytest.fixture
+def team(stack: None, cluster: ControlPlane, make_namespace: Callable[..., str]) -> str:
+    ns = make_namespace("kq", {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE})
+    apply(cluster, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                    "metadata": {"name": LOCAL_QUEUE, "namespace": ns}, "spec": {"clusterQueue": "gpu-cq"}})
+    return ns
+
+
+def test_kueue_suspends_the_job_raygate_labelled_then_admits_the_whole_gang(cluster: ControlPlane, team: str) -> None:
+    proc = kubectl(cluster, "create", "-o", "json", "-f", "-", input_text=json.dumps(gpu_job("fits", team, 1)))
+    assert proc.returncode == 0, proc.stderr
+    created = json.loads(proc.stdout)
+    # Both webhooks shaped what was stored: raygate's label, then Kueue (called again) suspended it.
+    assert created["metadata"]["labels"][keys.KUEUE_QUEUE_LABEL] == LOCAL_QUEUE
+    assert created["metadata"]["annotations"][keys.MODE_ANNOTATION] == "kueue"
+    assert created["spec"]["suspend"] is True
+    assert keys.STATE_LABEL not in created["metadata"]["labels"]  # Kueue, not raygate, holds it
+
+    workload = wait(lambda: (w := workload_of(cluster, "fits", team)) and (c := condition(w, "Admitted"))
+                    and c["status"] == "True" and w, 60, "Kueue admitting the job's Workload")
+    assigned = {p["name"]: p.get("count") for p in workload["status"]["admission"]["podSetAssignments"]}
+    assert assigned.get("gpu") == 2 and "head" in assigned, assigned  # the whole gang, in one admission
+    wait(lambda: (j := get(cluster, "rayjob", "fits", team)) and not j["spec"].get("suspend"),
+         30, "Kueue unsuspending the admitted job")
+    wait(lambda: items(cluster, "rayclusters", team), 60, "KubeRay creating the admitted job's RayCluster")
+
+
+def test_a_gang_larger_than_the_quota_stays_suspended_with_no_raycluster(cluster: ControlPlane, team: str) -> None:
+    proc = kubectl(cluster, "create", "-f", "-", input_text=json.dumps(gpu_job("too-big", team, QUOTA_GPUS)))
+    assert proc.returncode == 0, proc.stderr
+    workload = wait(lambda: (w := workload_of(cluster, "too-big", team)) and condition(w, "QuotaReserved") and w,
+                    60, "Kueue deciding on the job's Workload")
+    reserved = condition(workload, "QuotaReserved")
+    assert reserved is not None and reserved["status"] == "False", reserved
+    assert GPU in reserved["message"], reserved["message"]
+    job = get(cluster, "rayjob", "too-big", team)
+    assert job is not None and job["spec"]["suspend"] is True
+    assert items(cluster, "rayclusters", team) == []
+    assert items(cluster, "pods", team) == []
+
+
+def test_without_reinvocation_raygate_refuses_the_job_kueue_never_suspended(
+    cluster: ControlPlane, team: str,
+) -> None:
+    patch = json.dumps([{"op": "replace", "path": f"/webhooks/{i}/reinvocationPolicy", "value": "Never"}
+                        for i in range(2)])
+    proc = kubectl(cluster, "patch", "mutatingwebhookconfiguration", MUTATING, "--type=json", "-p", patch)
+    assert proc.returncode == 0, proc.stderr
+    try:
+        proc = kubectl(cluster, "create", "-f", "-", input_text=json.dumps(gpu_job("unheld", team, 1)))
+        assert proc.returncode != 0
+        for says in ("would start at once", "reinvocationPolicy: IfNeeded"):
+            assert says in proc.stderr, proc.stderr
+        assert get(cluster, "rayjob", "unheld", team) is None
+    finally:
+        restore = patch.replace('"Never"', '"IfNeeded"')
+        assert kubectl(cluster, "patch", "mutatingwebhookconfiguration", MUTATING, "--type=json",
+                       "-p", restore).returncode == 0
