@@ -54,7 +54,9 @@ class Bundle:
 
 
 @dataclass
-class _Wrapper:
+class _GoBuild:
+    """Binaries from one pinned Go module: by default through a wrapper go.mod that requires it."""
+
     name: str
     module: str
     version: str
@@ -157,7 +159,7 @@ def _k8s_ldflags() -> str:
     return " ".join(flags)
 
 
-def _build_in_module(w: _Wrapper, work: Path, out_dir: Path) -> None:
+def _build_in_module(w: _GoBuild, work: Path, out_dir: Path) -> None:
     src = work / f"{w.name}-src"
     shutil.copytree(download_module(w.module, w.version, work), src)
     for path in (src, *src.rglob("*")):  # the module cache is read-only
@@ -177,7 +179,7 @@ def _build_in_module(w: _Wrapper, work: Path, out_dir: Path) -> None:
         (out_dir / built).rename(out_dir / ours)
 
 
-def _build_wrapper(w: _Wrapper, work: Path, out_dir: Path) -> None:
+def _build(w: _GoBuild, work: Path, out_dir: Path) -> None:
     if w.in_module:
         _build_in_module(w, work, out_dir)
         return
@@ -218,15 +220,15 @@ def _collect_crds(work: Path, crd_dir: Path) -> list[str]:
     return names
 
 
-def _wrappers() -> list[_Wrapper]:
+def _builds() -> list[_GoBuild]:
     return [
         # go names a binary after the last path element without the major-version suffix.
-        _Wrapper("etcd", v.ETCD_MODULE, v.ETCD_VERSION, [v.ETCD_MODULE], renames={"server": "etcd"}),
-        _Wrapper(
+        _GoBuild("etcd", v.ETCD_MODULE, v.ETCD_VERSION, [v.ETCD_MODULE], renames={"server": "etcd"}),
+        _GoBuild(
             "kuberay", v.KUBERAY_MODULE, v.KUBERAY_VERSION, [v.KUBERAY_MODULE],
             renames={"ray-operator": "kuberay-operator"},
         ),
-        _Wrapper(
+        _GoBuild(
             "kueue", v.KUEUE_MODULE, v.KUEUE_VERSION, [f"{v.KUEUE_MODULE}/cmd/kueue"], in_module=True,
             # With its own certificate management off, Kueue reads a metrics certificate from a fixed
             # path under /etc even when metrics are off; the local run points it at its work dir.
@@ -236,7 +238,7 @@ def _wrappers() -> list[_Wrapper]:
                 '\t\tif metricsCertPath == "" {\n\t\t\tmetricsCertPath = "/etc/kueue/metrics/certs"\n\t\t}',
             )},
         ),
-        _Wrapper(
+        _GoBuild(
             "kubernetes",
             v.K8S_MODULE,
             v.K8S_VERSION,
@@ -247,14 +249,14 @@ def _wrappers() -> list[_Wrapper]:
     ]
 
 
-def _build_all(wrappers: list[_Wrapper], work: Path, out_dir: Path, log: bool) -> dict[str, float]:
+def _build_all(wrappers: list[_GoBuild], work: Path, out_dir: Path, log: bool) -> dict[str, float]:
     work.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     for w in wrappers:
         t0 = time.monotonic()
         if log:
             print(f"cluster-bins: building {w.module}@{w.version} ...", flush=True)
-        _build_wrapper(w, work, out_dir)
+        _build(w, work, out_dir)
         timings[w.name] = time.monotonic() - t0
     return timings
 
@@ -267,7 +269,7 @@ def _log_timings(timings: dict[str, float]) -> None:
 def _add_missing(bundle: Bundle, log: bool) -> Bundle:
     """A bundle built before a binary joined BINARIES gets just that binary, not a 10-minute rebuild."""
     check_go()
-    wrappers = [w for w in _wrappers() if set(w.outputs) & set(bundle.missing)]
+    wrappers = [w for w in _builds() if set(w.outputs) & set(bundle.missing)]
     staging = bundle.root.with_name(bundle.root.name + ".adding")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "bin").mkdir(parents=True)
@@ -301,7 +303,7 @@ def ensure_bundle(*, force: bool = False, log: bool = True) -> Bundle:
     work = staging / "work"
     work.mkdir(parents=True)
     out_dir = staging / "bin"
-    timings = _build_all(_wrappers(), work, out_dir, log)
+    timings = _build_all(_builds(), work, out_dir, log)
     crds = _collect_crds(work, staging / "crds")
     shutil.rmtree(work)
     manifest = {
