@@ -1,4 +1,4 @@
-"""The Flask shell around the pure decision: routes, metrics and one log line per decision.
+"""The Flask shell around the pure decision: routes, metrics and a log line per decision.
 
 POST /mutate and /validate, the only hot routes, are answered by a thin WSGI layer in front of
 Flask (`_FastReviews`): Flask's request context, URL matching and Response object cost more CPU
@@ -25,7 +25,6 @@ from webhook.state import WebhookState
 
 log = logging.getLogger("raygate.webhook")
 JSON_TYPE = "application/json"
-_LOGGED_OUTCOMES = frozenset({"mutated", "refused", "error"})
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -52,10 +51,14 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[b
             return result.status, result.body
         kind = kind_of(req)
         reviews.inc(kind, d.mode.value if d.mode else "", d.outcome)
-        if (d.outcome in _LOGGED_OUTCOMES or (endpoint == "validate" and not d.allowed)) \
-                and log.isEnabledFor(logging.INFO):
-            log.info(
-                "admission",
+        # A refusal is what someone comes asking about: info. Every other decision is at debug, as
+        # routine per-request lines are in Kubernetes components: the object (state label, mode
+        # annotation, Events) and the API server's audit log record each admission anyway, and at
+        # full load this line cost about a tenth of the webhook's CPU.
+        level = logging.INFO if not d.allowed else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(
+                level, "admission",
                 extra={"endpoint": endpoint, "operation": req.get("operation"), "kind": kind,
                        "namespace": req.get("namespace"), "object": req.get("name") or "",
                        "user": username(req), "allowed": d.allowed,

@@ -33,7 +33,10 @@ def client(state: WebhookState, caplog: pytest.LogCaptureFixture) -> Iterator[Fl
     yield app.test_client()
 
 
-def test_mutate_answers_with_a_patch_and_logs_the_object(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+def test_mutate_answers_with_a_patch_and_logs_the_object_at_debug(
+    client: FlaskClient, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="raygate.webhook")
     resp = client.post("/mutate", data=orjson.dumps(review(RayJob("train").obj(), uid="u1")))
     assert resp.status_code == 200 and resp.mimetype == "application/json"
     body = resp.get_json()
@@ -42,6 +45,14 @@ def test_mutate_answers_with_a_patch_and_logs_the_object(client: FlaskClient, ca
     assert {"op": "add", "path": "/spec/suspend", "value": True} in ops
     record = next(r for r in caplog.records if r.getMessage() == "admission")
     assert (record.namespace, record.object, record.outcome) == ("team", "train", "mutated")  # type: ignore[attr-defined]
+
+
+def test_at_info_only_refusals_are_logged(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    client.post("/mutate", data=orjson.dumps(review(RayJob("admitted").obj(), uid="u1")))
+    client.post("/mutate", data=orjson.dumps(review(RayJob("refused").shutdown_after_finish(False).obj(), uid="u2")))
+    logged = [r for r in caplog.records if r.getMessage() == "admission"]
+    assert [(r.object, r.outcome, r.levelname) for r in logged] == [  # type: ignore[attr-defined]
+        ("refused", "refused", "INFO")]
 
 
 def test_refusal_is_an_http_200_review_that_denies(client: FlaskClient) -> None:
