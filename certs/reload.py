@@ -2,9 +2,11 @@
 files on disk, so a renewed Secret takes effect without restarting gunicorn.
 
 Kubernetes updates a mounted Secret by swapping a symlink, which may leave mtimes untouched, so
-the poll compares a hash of the resolved content. A new pair is validated in a scratch context
-before it touches the live one: a failed `load_cert_chain` can leave a context with the new
-certificate and no key, and then every handshake would fail.
+the poll compares a hash of the resolved content. A new pair is loaded into a new context, which
+then replaces the current one in a single assignment; the server asks for the context on every
+connection (gunicorn's `ssl_context` hook does). Loading into the context handshakes are using
+would not do: OpenSSL sets the certificate and the key one after the other, and a handshake in
+between fails, as does every handshake after a `load_cert_chain` that failed halfway.
 """
 
 from __future__ import annotations
@@ -59,18 +61,18 @@ def _snapshot(cert: bytes, key: bytes) -> Iterator[tuple[str, str]]:
 
 
 class ReloadingContext:
-    """Owns one `ssl.SSLContext` (server side, TLS 1.2 or newer) loaded from `cert_file` and
-    `key_file`, and reloads the pair into that same object when the files' content changes.
+    """The current `ssl.SSLContext` (server side, TLS 1.2 or newer) for `cert_file` and `key_file`,
+    replaced by a freshly loaded one when the files' content changes.
 
-    New handshakes use the new certificate; established connections are unaffected. A bad pair
-    (mismatched, partial, unreadable) is logged once and the current certificate stays.
+    Connections made after a reload get the new certificate; established ones are unaffected. A bad
+    pair (mismatched, partial, unreadable) is logged once and the current certificate stays.
     """
 
     def __init__(self, cert_file: str | Path, key_file: str | Path, *, interval: float = DEFAULT_INTERVAL) -> None:
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
         self.interval = interval
-        self._context = server_context()
+        self._context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
         self._tried: bytes | None = None  # hash of the content last tried, good or bad
         self._loaded: CertInfo | None = None
@@ -85,6 +87,9 @@ class ReloadingContext:
 
     @property
     def context(self) -> ssl.SSLContext:
+        """The context for a new connection: ask again for each one, a reload replaces it."""
+        if self._context is None:
+            raise RuntimeError("no certificate loaded")  # __init__ guarantees one
         return self._context
 
     @property
@@ -100,18 +105,18 @@ class ReloadingContext:
         except OSError as exc:
             return f"cannot read {exc.filename}: {exc.strerror or exc}"
 
-    def _validated_load(self, cert: bytes, key: bytes) -> str | None:
-        """Load the pair into the live context after a scratch context accepted it; the error if not."""
+    def _load(self, cert: bytes, key: bytes) -> str | None:
+        """Serve the pair from now on, in a context of its own; the error if it is unusable."""
         info = describe(cert)
         if info is None:
             return f"{self.cert_file} holds no readable PEM certificate"
+        fresh = server_context()
         try:
             with _snapshot(cert, key) as (cert_path, key_path):
-                server_context().load_cert_chain(cert_path, key_path)
-                self._context.load_cert_chain(cert_path, key_path)
+                fresh.load_cert_chain(cert_path, key_path)
         except (ssl.SSLError, OSError) as exc:
             return f"the certificate and key do not form a usable pair: {exc}"
-        self._loaded = info
+        self._context, self._loaded = fresh, info
         return None
 
     def reload_if_changed(self) -> bool:
@@ -128,7 +133,7 @@ class ReloadingContext:
                 return False
             self._tried = fingerprint
             if not isinstance(pair, str):
-                error = self._validated_load(*pair)
+                error = self._load(*pair)
             if error:
                 self._last_error = error
                 if self._loaded is not None:

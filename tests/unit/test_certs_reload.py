@@ -9,7 +9,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,9 +42,10 @@ def put(path: Path, data: bytes) -> None:
 
 
 class TLSServer:
-    """Accepts connections on 127.0.0.1 and completes the handshake with the given context."""
+    """Accepts connections on 127.0.0.1 and completes the handshake with the context `context()`
+    returns for each connection, as gunicorn's `ssl_context` hook is called for each."""
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: Callable[[], ssl.SSLContext]) -> None:
         self.context = context
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.2)
@@ -64,7 +65,7 @@ class TLSServer:
                 return
             conn.settimeout(5)
             try:
-                with self.context.wrap_socket(conn, server_side=True) as tls:
+                with self.context().wrap_socket(conn, server_side=True) as tls:
                     self.handshakes += 1
                     tls.sendall(b"ok")
             except (ssl.SSLError, OSError):
@@ -104,8 +105,8 @@ def server_for() -> Iterator[list[TLSServer]]:
         s.close()
 
 
-def serve(servers: list[TLSServer], context: ssl.SSLContext) -> TLSServer:
-    server = TLSServer(context)
+def serve(servers: list[TLSServer], reloading: ReloadingContext) -> TLSServer:
+    server = TLSServer(lambda: reloading.context)
     servers.append(server)
     return server
 
@@ -122,7 +123,7 @@ def test_new_certificate_is_served_without_restarting_the_server(
 ) -> None:
     cert, key, first = files
     reloading = ReloadingContext(cert, key)
-    server = serve(server_for, reloading.context)
+    server = serve(server_for, reloading)
     assert server.peer_serial(ca) == serial(first)
     assert reloading.reload_if_changed() is False  # nothing changed
 
@@ -130,7 +131,6 @@ def test_new_certificate_is_served_without_restarting_the_server(
     put(key, second.key_pem)
     put(cert, second.cert_pem)
     assert reloading.reload_if_changed() is True
-    assert server.context is reloading.context  # the very object the server was started with
     assert server.peer_serial(ca) == serial(second) == reloading.loaded.serial
 
 
@@ -147,7 +147,7 @@ def test_bad_files_keep_the_old_certificate_and_log_once(
 ) -> None:
     cert, key, first = files
     reloading = ReloadingContext(cert, key)
-    server = serve(server_for, reloading.context)
+    server = serve(server_for, reloading)
     other = leaf(ca)
     # Half-finished updates first: OpenSSL drops the old key when it loads a certificate that does
     # not match it, so loading such a pair into the live context would break every handshake.
@@ -197,7 +197,7 @@ def test_kubernetes_style_symlink_swap_is_picked_up_by_the_poller(
         (tmp_path / f).symlink_to(f"..data/{f}")
 
     with ReloadingContext(tmp_path / "tls.crt", tmp_path / "tls.key", interval=0.05) as reloading:
-        server = serve(server_for, reloading.context)
+        server = serve(server_for, reloading)
         assert server.peer_serial(ca) == serial(first)
         (tmp_path / "..data_tmp").symlink_to("..v2")
         os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
@@ -239,6 +239,41 @@ def test_gunicorn_hook_returns_one_reloading_context_per_process(
         raise AssertionError("the default factory must not be used")
 
     ctx = hook(object(), default_factory)
-    assert hook(object(), default_factory) is ctx
-    server = serve(server_for, ctx)
+    assert hook(object(), default_factory) is ctx  # one loaded context, until the files change
+    server = TLSServer(lambda: hook(object(), default_factory))
+    server_for.append(server)
     assert server.peer_serial(ca) == serial(first)
+
+
+def test_handshakes_during_reloads_never_fail(
+    files: tuple[Path, Path, pki.KeyPair], ca: pki.KeyPair, server_for: list[TLSServer]
+) -> None:
+    """A renewal lands while the API server keeps connecting: no handshake may see half a pair."""
+    cert, key, first = files
+    second = leaf(ca)
+    reloading = ReloadingContext(cert, key)
+    server = serve(server_for, reloading)
+    failures: list[str] = []
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def connect() -> None:
+        while not done.is_set():
+            try:
+                seen.add(server.peer_serial(ca))
+            except (ssl.SSLError, OSError, AssertionError) as err:
+                failures.append(repr(err))
+
+    client = threading.Thread(target=connect)
+    client.start()
+    try:
+        for i in range(300):
+            pair = (second, first)[i % 2]
+            put(key, pair.key_pem)
+            put(cert, pair.cert_pem)
+            assert reloading.reload_if_changed() is True
+    finally:
+        done.set()
+        client.join()
+    assert failures == [], failures[:3]
+    assert seen == {serial(first), serial(second)}
