@@ -9,6 +9,7 @@ hides resourceVersion and bookmark handling that a level-triggered controller mu
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -101,6 +102,17 @@ class ApiError(Exception):
         return self.status == 410
 
 
+TOO_MANY_REQUESTS_RETRIES = 5
+
+
+def _retry_after(header: str | None) -> float:
+    """Seconds to wait for a 429's Retry-After (whole seconds), within [0.1, 5]; 1 when absent."""
+    try:
+        return min(max(float(header), 0.1), 5.0) if header else 1.0
+    except ValueError:
+        return 1.0
+
+
 class Kube:
     """Authenticated JSON requests against one API server; counts requests by method."""
 
@@ -170,15 +182,21 @@ class Kube:
         data = orjson.dumps(body) if body is not None and not isinstance(body, bytes) else body
         if data is not None and content_type is None:
             content_type = "application/json"
-        with self._lock:
-            self.requests[method] += 1
-        try:
-            resp = self._http.request(
-                method, self._url(path, query), body=data, headers=self._headers(content_type),
-                timeout=urllib3.Timeout(connect=5.0, read=timeout), preload_content=True,
-            )
-        except urllib3.exceptions.HTTPError as err:
-            raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, method, path) from None
+        for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
+            with self._lock:
+                self.requests[method] += 1
+            try:
+                resp = self._http.request(
+                    method, self._url(path, query), body=data, headers=self._headers(content_type),
+                    timeout=urllib3.Timeout(connect=5.0, read=timeout), preload_content=True,
+                )
+            except urllib3.exceptions.HTTPError as err:
+                raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, method, path) from None
+            # 429 means the API server did not handle the request (a CRD's storage still starting,
+            # priority and fairness shedding load); like client-go, wait as told and send it again.
+            if resp.status != 429 or attempt == TOO_MANY_REQUESTS_RETRIES:
+                break
+            time.sleep(_retry_after(resp.headers.get("Retry-After")))
         try:
             parsed = orjson.loads(resp.data) if resp.data else {}
         except orjson.JSONDecodeError:
