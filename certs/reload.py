@@ -187,7 +187,7 @@ GunicornSSLHook = Callable[[Any, Callable[[], ssl.SSLContext]], ssl.SSLContext]
 def gunicorn_ssl_context(
     cert_file: str | Path, key_file: str | Path, *, interval: float = DEFAULT_INTERVAL
 ) -> GunicornSSLHook:
-    """A gunicorn `ssl_context(config, default_ssl_context_factory)` hook returning a reloading context.
+    """A gunicorn `ssl_context(config, default_ssl_context_factory)` hook returning the context loaded now.
 
     gunicorn calls the hook inside each worker (the gthread worker once per connection), and
     threads do not survive fork, so each worker process gets its own context and poller.

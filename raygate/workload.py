@@ -177,10 +177,6 @@ def pod_request(template: Any, path: Path) -> q.Resources:
     return q.add(total, _parse_quantities(_as_mapping(spec.get("overhead"), overhead_path), overhead_path))
 
 
-def _parse_all(values: Mapping[str, str]) -> q.Resources:
-    return {k: q.parse(v) for k, v in values.items()}
-
-
 # --- the two kinds ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -268,10 +264,11 @@ class Workload:
         head = pod_request(head_template, head_path)
         if autoscaling:
             opts = (*base, "autoscalerOptions", "resources")
-            sidecar = _resources(get(spec, opts[len(base):]), opts) or _parse_all(keys.AUTOSCALER_DEFAULT_RESOURCES)
+            sidecar = (_resources(get(spec, opts[len(base):]), opts)
+                       or _parse_quantities(keys.AUTOSCALER_DEFAULT_RESOURCES, ()))
             head = q.add(head, sidecar)
         if submission == "SidecarMode":
-            head = q.add(head, _parse_all(keys.SUBMITTER_DEFAULT_REQUESTS))
+            head = q.add(head, _parse_quantities(keys.SUBMITTER_DEFAULT_REQUESTS, ()))
         sets = [PodSet(keys.HEAD_GROUP_TASK, 1, head, head_path)]
         for i, g in self.worker_groups():
             path = (*base, "workerGroupSpecs", i)
@@ -297,7 +294,7 @@ class Workload:
             if isinstance(tpl, Mapping):
                 sets.append(PodSet(keys.SUBMITTER_TASK, 1, pod_request(tpl, tpl_path), tpl_path, in_min_member=False))
             else:
-                default = _parse_all(keys.SUBMITTER_DEFAULT_REQUESTS)
+                default = _parse_quantities(keys.SUBMITTER_DEFAULT_REQUESTS, ())
                 sets.append(PodSet(keys.SUBMITTER_TASK, 1, default, None, in_min_member=False))
         return Gang(tuple(sets))
 

@@ -194,6 +194,14 @@ class RayCluster(_RayObject):
 _uids = itertools.count(1)
 
 
+def gpu_job(name: str = "job", namespace: str | None = None, *, gpus_per_worker: int = 1) -> RayJob:
+    """A RayJob whose 2 workers each limit nvidia.com/gpu: the gang raygate exists for."""
+    job = RayJob(name) if namespace is None else RayJob(name, namespace)
+    return job.worker(
+        "gpu", replicas=2, requests={"cpu": "1", "memory": "4Gi"}, limits={"nvidia.com/gpu": str(gpus_per_worker)}
+    )
+
+
 def review(
     obj: dict[str, Any] | None, *, operation: str = "CREATE", old: dict[str, Any] | None = None,
     user: str = "alice", namespace: str | None = None, dry_run: bool = False, uid: str | None = None,

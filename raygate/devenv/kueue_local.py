@@ -12,7 +12,6 @@ import base64
 import copy
 import json
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -30,9 +29,9 @@ RAY_RESOURCES = frozenset({"rayjobs", "rayclusters"})
 PROCESS = "kueue"
 
 
-def _ray_webhooks(kind: str, url: str, ca_bundle: str, reinvocation: str | None, work: Path) -> dict[str, Any]:
-    manifests = download_module(v.KUEUE_MODULE, v.KUEUE_VERSION, work) / "config/components/webhook/manifests.yaml"
-    source = next(d for d in yaml.safe_load_all(manifests.read_text()) if d and d.get("kind") == kind)
+def _ray_webhooks(source: dict[str, Any], url: str, ca_bundle: str, reinvocation: str | None) -> dict[str, Any]:
+    """Kueue's webhook configuration `source` cut down to its RayJob and RayCluster webhooks, by URL."""
+    kind = source["kind"]
     hooks = []
     for hook in source["webhooks"]:
         if not {r for rule in hook["rules"] for r in rule["resources"]} & RAY_RESOURCES:
@@ -88,8 +87,12 @@ def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded") -> None:
     cp.wait_for(state, PROCESS, lambda: _ready(health_port), 60)
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
     url = f"https://127.0.0.1:{webhook_port}"
-    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        obj = _ray_webhooks(kind, url, ca_bundle, reinvocation if kind.startswith("Mutating") else None, work)
+    manifests = download_module(v.KUEUE_MODULE, v.KUEUE_VERSION, work) / "config/components/webhook/manifests.yaml"
+    for source in yaml.safe_load_all(manifests.read_text()):
+        if not source or source.get("kind") not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            continue
+        mutating = source["kind"] == "MutatingWebhookConfiguration"
+        obj = _ray_webhooks(source, url, ca_bundle, reinvocation if mutating else None)
         cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from builders import RayJob
+from builders import gpu_job
 from waiting import wait
 
 from raygate import keys
@@ -32,6 +32,10 @@ QUOTA_GPUS = 4
 def kubectl(cluster: ControlPlane, *args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(cluster.bundle.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args],
                           input=input_text, capture_output=True, text=True, check=False, timeout=60)
+
+
+def create(cluster: ControlPlane, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return kubectl(cluster, "create", "-o", "json", "-f", "-", input_text=json.dumps(obj))
 
 
 def apply(cluster: ControlPlane, *objs: dict[str, Any]) -> None:
@@ -54,12 +58,6 @@ def items(cluster: ControlPlane, kind: str, namespace: str) -> list[dict[str, An
 
 def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
-
-
-def gpu_job(name: str, namespace: str, gpus_per_worker: int, replicas: int = 2) -> dict[str, Any]:
-    return RayJob(name, namespace).worker(
-        "gpu", replicas=replicas, requests={"cpu": "1", "memory": "1Gi"}, limits={GPU: str(gpus_per_worker)}
-    ).obj()
 
 
 def workload_of(cluster: ControlPlane, job: str, namespace: str) -> dict[str, Any] | None:
@@ -105,7 +103,7 @@ def team(stack: None, cluster: ControlPlane, make_namespace: Callable[..., str])
 
 
 def test_kueue_suspends_the_job_raygate_labelled_then_admits_the_whole_gang(cluster: ControlPlane, team: str) -> None:
-    proc = kubectl(cluster, "create", "-o", "json", "-f", "-", input_text=json.dumps(gpu_job("fits", team, 1)))
+    proc = create(cluster, gpu_job("fits", team).obj())
     assert proc.returncode == 0, proc.stderr
     created = json.loads(proc.stdout)
     # Both webhooks shaped what was stored: raygate's label, then Kueue (called again) suspended it.
@@ -124,7 +122,7 @@ def test_kueue_suspends_the_job_raygate_labelled_then_admits_the_whole_gang(clus
 
 
 def test_a_gang_larger_than_the_quota_stays_suspended_with_no_raycluster(cluster: ControlPlane, team: str) -> None:
-    proc = kubectl(cluster, "create", "-f", "-", input_text=json.dumps(gpu_job("too-big", team, QUOTA_GPUS)))
+    proc = create(cluster, gpu_job("too-big", team, gpus_per_worker=QUOTA_GPUS).obj())
     assert proc.returncode == 0, proc.stderr
     workload = wait(lambda: (w := workload_of(cluster, "too-big", team)) and condition(w, "QuotaReserved") and w,
                     60, "Kueue deciding on the job's Workload")
@@ -145,7 +143,7 @@ def test_without_reinvocation_raygate_refuses_the_job_kueue_never_suspended(
     proc = kubectl(cluster, "patch", "mutatingwebhookconfiguration", MUTATING, "--type=json", "-p", patch)
     assert proc.returncode == 0, proc.stderr
     try:
-        proc = kubectl(cluster, "create", "-f", "-", input_text=json.dumps(gpu_job("unheld", team, 1)))
+        proc = create(cluster, gpu_job("unheld", team).obj())
         assert proc.returncode != 0
         for says in ("would start at once", "reinvocationPolicy: IfNeeded"):
             assert says in proc.stderr, proc.stderr

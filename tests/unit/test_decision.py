@@ -14,7 +14,7 @@ from typing import Any
 import jsonpatch
 import jsonpointer
 import pytest
-from builders import RayCluster, RayJob, config, container, pod_template, request
+from builders import RayCluster, RayJob, config, container, gpu_job, pod_template, request
 
 from raygate import keys
 from raygate.policy import Mode, RaygateConfig
@@ -67,12 +67,6 @@ def sched(template: tuple[str | int, ...]) -> str:
 
 def ann(template: tuple[str | int, ...], key: str) -> str:
     return p(*template, "metadata", "annotations", key)
-
-
-def gpu_job(name: str = "job") -> RayJob:
-    return RayJob(name).worker(
-        "gpu", replicas=2, requests={"cpu": "1", "memory": "4Gi"}, limits={"nvidia.com/gpu": "1"}
-    )
 
 
 def _groups(n: int) -> RayJob:
