@@ -44,6 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the namespace's mode (default: from --config, else provisioning)")
     p.add_argument("--config", help="raygate config: a config.yaml or the raygate-config ConfigMap manifest")
     p.add_argument("-n", "--namespace", help="namespace whose policy applies (default: the manifest's, else default)")
+    p.add_argument("--as", dest="user", default="raygate-explain",
+                   help="the user who creates it (for example the KubeRay operator's account, whose RayClusters "
+                   "for admitted RayJobs are left alone)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
     p.set_defaults(func=run)
 
@@ -118,7 +121,8 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
 
 # --- deciding -----------------------------------------------------------------------------------
 
-def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str) -> dict[str, Any]:
+def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
+            user: str = "raygate-explain") -> dict[str, Any]:
     """The decision as the JSON object `-o json` prints."""
     from raygate.workload import ManifestError, Workload
     from webhook.decision import mutate
@@ -131,7 +135,7 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str) -> dict[
         "operation": "CREATE",
         "namespace": namespace,
         "name": str(meta.get("name") or ""),
-        "userInfo": {"username": "raygate-explain"},
+        "userInfo": {"username": user},
         "object": obj,
     }
     d = mutate(request, None, config)  # None: the namespace cache is not consulted, so it counts as opted in
@@ -181,25 +185,40 @@ def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, mod
             lines.append(f"  {op['op']:<6} {op['path']}{value}")
     gang = result["gang"]
     if gang is not None:
-        rows = [("POD SET", "PODS", "PER POD", "TOTAL")]
-        for s in gang["podSets"]:
-            pods = f"{s['count']}" + ("" if s["name"] != keys.SUBMITTER_TASK or obj["kind"] != keys.RAYJOB_KIND
-                                      or s["count"] == 0 else "*")
-            rows.append((s["name"], pods, _resources(s["resources"]), _resources(_total(s["resources"], s["count"]))))
-        rows.append(("gang", str(gang["minMember"]), "", _resources(gang["minResources"])))
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines.append(f"gang: minMember {gang['minMember']}")
-        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        if any(s["name"] == keys.SUBMITTER_TASK for s in gang["podSets"]):
-            lines.append("  * the submitter pod counts in resources, not in minMember: it waits for the cluster")
+        lines += _gang_table(gang, obj)
     return "\n".join(lines)
+
+
+def _gang_table(gang: dict[str, Any], obj: dict[str, Any]) -> list[str]:
+    # Under in-tree autoscaling the pods KubeRay starts (booked), Volcano's minMember share and the
+    # autoscaler's ceiling differ: show all three then, and only then.
+    elastic = any("minMemberCount" in s or "maxCount" in s for s in gang["podSets"])
+    rows: list[tuple[str, ...]] = [("POD SET", "PODS", "PER POD", "TOTAL", *(("MIN MEMBER", "MAX") if elastic else ()))]
+    for s in gang["podSets"]:
+        pods = f"{s['count']}" + ("" if s["name"] != keys.SUBMITTER_TASK or obj["kind"] != keys.RAYJOB_KIND
+                                  or s["count"] == 0 else "*")
+        row: tuple[str, ...] = (s["name"], pods, _resources(s["resources"]),
+                                _resources(_total(s["resources"], s["count"])))
+        if elastic:
+            row += (str(s.get("minMemberCount", s["count"])), str(s.get("maxCount", s["count"])))
+        rows.append(row)
+    rows.append(("gang", str(gang["minMember"]), "", _resources(gang["minResources"]), *(("", "") if elastic else ())))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"gang: minMember {gang['minMember']}"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if any(s["name"] == keys.SUBMITTER_TASK for s in gang["podSets"]):
+        lines.append("  * the submitter pod counts in resources, not in minMember: it waits for the cluster")
+    if elastic:
+        lines.append("  in-tree autoscaling: KubeRay starts PODS, and raygate books them; Volcano's minMember counts "
+                     "MIN MEMBER; the Ray autoscaler may grow a set up to MAX, which is elastic and not booked")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     obj = load_manifest(args.filename)
     namespace = args.namespace or str(_meta(obj).get("namespace") or "default")
     config = with_mode(load_config(args.config), namespace, args.mode)
-    result = explain(obj, config, namespace)
+    result = explain(obj, config, namespace, args.user)
     if args.output == "json":
         print(json.dumps(result, sort_keys=False))
     else:

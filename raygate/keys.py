@@ -19,6 +19,8 @@ ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
 REASON_ANNOTATION = f"{DOMAIN}/reason"
 NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
 ADMITTED_AT_ANNOTATION = f"{DOMAIN}/admitted-at"
+# On a ProvisioningRequest: the fingerprint of the pod sets it books (names, counts, templates).
+POD_SETS_ANNOTATION = f"{DOMAIN}/pod-sets"
 # Per-job ProvisioningRequest parameter overrides: provreq.raygate.io/<Parameter>: value
 PROVREQ_PARAM_PREFIX = "provreq.raygate.io/"
 # On the objects the reconciler creates (PodTemplates, ProvisioningRequests, PodGroups), so its

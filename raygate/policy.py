@@ -7,6 +7,7 @@ whole, so a bad override is reported under `namespaces.<name>.<field>`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -18,6 +19,9 @@ from pydantic.alias_generators import to_camel
 from raygate import keys, quantity
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
+# KubeRay's own install (its kustomize default and Helm chart) runs the operator as this account.
+KUBERAY_OPERATOR_USER = "system:serviceaccount:ray-system:kuberay-operator"
+_GROUPS = frozenset({"system:authenticated", "system:unauthenticated", "system:masters"})
 
 
 class Mode(StrEnum):
@@ -118,6 +122,23 @@ class NamespacePolicy(_Strict):
             )
         return self
 
+    def recorded_mode(self, annotations: Mapping[str, str]) -> Mode:
+        """The mode the webhook applied to an object (the namespace may have changed mode since);
+        this namespace's mode for an object the webhook never saw."""
+        try:
+            return Mode(annotations.get(keys.MODE_ANNOTATION) or self.mode)
+        except ValueError:
+            return self.mode
+
+    def for_mode(self, mode: Mode) -> NamespacePolicy:
+        """This policy as it applies to an object held under `mode`: a held job finishes under the mode it
+        was held with, so a namespace that changes mode strands none. Provisioning falls back to that
+        mode's default, so a namespace moved to kueue never admits a held job without its request."""
+        if mode is self.mode:
+            return self
+        return self.model_copy(update={"mode": mode, "provisioning": self.provisioning.model_copy(
+            update={"enabled": None})})
+
     @property
     def provisions(self) -> bool:
         if self.provisioning.enabled is not None:
@@ -178,6 +199,11 @@ class RaygateConfig(_Strict):
         ],
         description="Users allowed to change a held job's suspend flag and raygate's labels.",
     )
+    ray_operator_users: list[str] = Field(
+        default_factory=lambda: [KUBERAY_OPERATOR_USER],
+        description="Usernames of the KubeRay operator. A RayCluster is taken as a RayJob's own cluster, and "
+        "left alone, only when one of these creates it for a RayJob raygate admitted.",
+    )
     failure_policy: Literal["Fail", "Ignore"] = Field(
         "Fail", description="Webhook failurePolicy written into the webhook configurations."
     )
@@ -185,6 +211,21 @@ class RaygateConfig(_Strict):
     namespaces: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-namespace overrides of any `defaults` field."
     )
+
+    @field_validator("trusted_users", "ray_operator_users")
+    @classmethod
+    def _users_not_groups(cls, v: list[str]) -> list[str]:
+        for user in v:
+            if not user or user != user.strip() or "*" in user:
+                raise ValueError(f"{user!r} is not a username: give the exact name the API server authenticates, "
+                                 "such as system:serviceaccount:<namespace>:<name>")
+            if user.startswith("system:serviceaccounts") or user in _GROUPS:
+                raise ValueError(f"{user!r} is a group, not a user: name one ServiceAccount as "
+                                 "system:serviceaccount:<namespace>:<name>")
+            if user.startswith("system:serviceaccount:") and len(user.split(":")) != 4:
+                raise ValueError(f"{user!r} is not a ServiceAccount username: the form is "
+                                 "system:serviceaccount:<namespace>:<name>")
+        return v
 
     @field_validator("namespace_selector")
     @classmethod

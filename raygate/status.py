@@ -85,9 +85,8 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime)
         state = labels.get(keys.STATE_LABEL, "")
         if state not in SHOWN_STATES:
             continue
-        # A RayCluster KubeRay made for a RayJob carries the job's labels: the job is the row.
-        if kind == keys.RAYCLUSTER_KIND and labels.get(keys.ORIGINATED_FROM_CRD_LABEL) == keys.RAYJOB_KIND:
-            continue
+        # KubeRay's cluster of a RayJob carries the job's labels, but only once the job is Admitted, a state
+        # this table leaves out; a held RayCluster that claims a RayJob parent is held in its own right.
         created = str(meta.get("creationTimestamp", ""))
         since = _parse_time(created)
         rows.append(Held(

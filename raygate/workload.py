@@ -26,14 +26,32 @@ class ManifestError(ValueError):
 @dataclass(frozen=True)
 class PodSet:
     name: str  # Volcano task name: headgroup, <worker group name>, submittergroup
-    count: int  # pods
+    count: int  # pods KubeRay creates at start: what raygate books
     per_pod: q.Resources  # the scheduler's effective request of one pod
     template_path: Path | None  # where its pod template lives in the object (None: KubeRay's default)
     in_min_member: bool = True  # the K8sJobMode submitter waits for the cluster, so it is not
+    # With in-tree autoscaling: Volcano's share of minMember (minReplicas x hosts, as KubeRay's own
+    # Volcano plugin counts) and the most pods the Ray autoscaler may run (maxReplicas x hosts).
+    min_count: int | None = None
+    max_count: int | None = None
+
+    @property
+    def gang_count(self) -> int:
+        """Pods that must be schedulable together for Volcano (minMember, minResources)."""
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def ceiling(self) -> int:
+        """Most pods this set can ever have without an edit of the object."""
+        return self.count if self.max_count is None else max(self.count, self.max_count)
 
     @property
     def total(self) -> q.Resources:
         return {k: v * self.count for k, v in self.per_pod.items()}
+
+    @property
+    def gang_total(self) -> q.Resources:
+        return {k: v * self.gang_count for k, v in self.per_pod.items()}
 
     def requests_any(self, names: list[str]) -> bool:
         return any(self.per_pod.get(n, Decimal(0)) > 0 for n in names)
@@ -45,25 +63,35 @@ class Gang:
 
     @property
     def min_member(self) -> int:
-        return sum(p.count for p in self.pod_sets if p.in_min_member)
+        return sum(p.gang_count for p in self.pod_sets if p.in_min_member)
 
     @property
     def min_task_member(self) -> dict[str, int]:
-        return {p.name: p.count for p in self.pod_sets if p.in_min_member and p.count > 0}
+        return {p.name: p.gang_count for p in self.pod_sets if p.in_min_member and p.gang_count > 0}
 
     @property
     def min_resources(self) -> q.Resources:
+        """Volcano's minResources: the gang that must fit at once."""
+        return q.total(p.gang_total for p in self.pod_sets)
+
+    @property
+    def start_resources(self) -> q.Resources:
+        """What KubeRay's pods request at start: what raygate books and maxGang limits."""
         return q.total(p.total for p in self.pod_sets)
 
     def managed_pod_sets(self, managed: list[str]) -> list[PodSet]:
         return [p for p in self.pod_sets if p.count > 0 and p.requests_any(managed)]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "minMember": self.min_member,
-            "minResources": q.render(self.min_resources),
-            "podSets": [{"name": p.name, "count": p.count, "resources": q.render(p.per_pod)} for p in self.pod_sets],
-        }
+        sets = []
+        for p in self.pod_sets:
+            entry: dict[str, Any] = {"name": p.name, "count": p.count, "resources": q.render(p.per_pod)}
+            if p.gang_count != p.count:
+                entry["minMemberCount"] = p.gang_count  # Volcano's count differs (in-tree autoscaling)
+            if p.ceiling != p.count:
+                entry["maxCount"] = p.ceiling
+            sets.append(entry)
+        return {"minMember": self.min_member, "minResources": q.render(self.min_resources), "podSets": sets}
 
 
 # --- reading fields -------------------------------------------------------------------------------
@@ -278,8 +306,9 @@ class Workload:
             hi = _as_int(g.get("maxReplicas"), (*path, "maxReplicas"), keys.MAX_REPLICAS_DEFAULT)
             if lo > hi:
                 raise ManifestError(f"{_where(path)}: minReplicas {lo} is larger than maxReplicas {hi}")
-            # The autoscaler starts a group at minReplicas; otherwise replicas, clamped to [min, max].
-            replicas = lo if autoscaling else min(max(_as_int(g.get("replicas"), (*path, "replicas"), lo), lo), hi)
+            # KubeRay starts `replicas` pods, clamped to [min, max], with or without the autoscaler; this is
+            # what gets booked. Volcano's minMember counts minReplicas under autoscaling (KubeRay's plugin).
+            replicas = min(max(_as_int(g.get("replicas"), (*path, "replicas"), lo), lo), hi)
             hosts = _as_int(g.get("numOfHosts"), (*path, "numOfHosts"), 1) or 1
             template = g.get("template")
             if not isinstance(template, Mapping):
@@ -287,7 +316,9 @@ class Workload:
             name = g.get("groupName")
             if not isinstance(name, str) or not name:
                 raise ManifestError(f"{_where((*path, 'groupName'))} must be a non-empty string")
-            sets.append(PodSet(name, replicas * hosts, pod_request(template, (*path, "template")), (*path, "template")))
+            sets.append(PodSet(name, replicas * hosts, pod_request(template, (*path, "template")), (*path, "template"),
+                               min_count=lo * hosts if autoscaling else None,
+                               max_count=hi * hosts if autoscaling else None))
         if submission == "K8sJobMode":
             tpl_path: Path = ("spec", "submitterPodTemplate")
             tpl = get(self.obj, tpl_path)
@@ -298,19 +329,46 @@ class Workload:
                 sets.append(PodSet(keys.SUBMITTER_TASK, 1, default, None, in_min_member=False))
         return Gang(tuple(sets))
 
+    @property
+    def uses_cluster_selector(self) -> bool:
+        """A RayJob that runs on an existing cluster: KubeRay creates no pods for it but a submitter."""
+        return self.is_job and bool(get(self.obj, ("spec", "clusterSelector"))) and not get(
+            self.obj, ("spec", "rayClusterSpec"))
+
     def finished(self) -> bool:
         """A RayJob that reached a terminal state; its capacity booking can go."""
         if not self.is_job:
             return False
         status = _mapping(self.obj, ("status",))
-        return status.get("jobDeploymentStatus") in {"Complete", "Failed"} or status.get("jobStatus") in {
+        return status.get("jobDeploymentStatus") in KUBERAY_TERMINAL or status.get("jobStatus") in {
             "SUCCEEDED", "FAILED", "STOPPED"
         }
 
+    def rejected_by_kuberay(self) -> str | None:
+        """KubeRay's message when it refused this RayJob for good (it never runs, even if fixed)."""
+        if not self.is_job:
+            return None
+        status = _mapping(self.obj, ("status",))
+        if status.get("jobDeploymentStatus") != KUBERAY_VALIDATION_FAILED:
+            return None
+        return str(status.get("message") or status.get("reason") or KUBERAY_VALIDATION_FAILED)
 
-def owned_by_rayjob(obj: Obj) -> bool:
-    refs = get(obj, ("metadata", "ownerReferences")) or []
-    if isinstance(refs, list) and any(isinstance(r, Mapping) and r.get("kind") == keys.RAYJOB_KIND for r in refs):
-        return True
-    labels = get(obj, ("metadata", "labels")) or {}
-    return isinstance(labels, Mapping) and labels.get(keys.ORIGINATED_FROM_CRD_LABEL) == keys.RAYJOB_KIND
+    def rayjob_parent(self) -> tuple[str, str] | None:
+        """(name, uid) of the RayJob this object's controller ownerReference names, as written.
+
+        This is a claim, not a fact: anyone who may create a RayCluster may write any ownerReference.
+        Who made the request, or the RayJob itself, has to confirm it.
+        """
+        if self.kind != keys.RAYCLUSTER_KIND:
+            return None
+        refs = get(self.obj, ("metadata", "ownerReferences"))
+        for ref in refs if isinstance(refs, list) else []:
+            if (isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") == keys.RAYJOB_KIND
+                    and str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/")):
+                return str(ref.get("name") or ""), str(ref.get("uid") or "")
+        return None
+
+
+KUBERAY_VALIDATION_FAILED = "ValidationFailed"
+# jobDeploymentStatus values after which KubeRay never starts the job's pods again.
+KUBERAY_TERMINAL = frozenset({"Complete", "Failed", KUBERAY_VALIDATION_FAILED})

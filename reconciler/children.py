@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raygate import keys
+from raygate import quantity as q
 from raygate.kube import JSON
 from raygate.policy import NamespacePolicy
 from raygate.workload import PodSet, Workload, get
@@ -40,20 +42,58 @@ def _job_hash(w: Workload) -> str:
     return short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")))
 
 
-def request_name(w: Workload, attempt: int) -> str:
-    """`<job>-<hash of kind, namespace, name, uid>-a<attempt>`: a new name for every attempt."""
-    suffix = f"-{_job_hash(w)}-a{attempt}"
+def request_name(w: Workload, attempt: int, pod_sets: str) -> str:
+    """`<job>-<hash>-a<attempt>`: a new name for every attempt, and for every change of the pod sets
+    it books (`pod_sets` is their fingerprint), so a request never outlives the spec it was made for."""
+    suffix = f"-{short_hash(_job_hash(w), pod_sets)}-a{attempt}"
     return _dns(w.name, MAX_NAME - len(suffix)) + suffix
 
 
-def template_name(w: Workload, pod_set: str) -> str:
-    """`<job>-<pod set>-<hash>`: one per pod set, shared by all attempts (its content never changes
-    while the job is held). The hash covers the pod set name so two groups whose names shorten to
-    the same text still get different names."""
-    h = short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")), pod_set)
-    set_part = _dns(pod_set, 24)
+def template_name(w: Workload, pod_set: PodSet) -> str:
+    """`<job>-<pod set>-<hash>`: one per pod set and placement, shared by all attempts. The hash covers
+    the pod set name, so two groups whose names shorten to the same text still differ, and what decides
+    where its pods fit, so such an edit while the job is held makes a new one."""
+    h = short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")), pod_set.name,
+                   _digest(placement(w, pod_set)))
+    set_part = _dns(pod_set.name, 24)
     job_part = _dns(w.name, MAX_NAME - len(h) - len(set_part) - 2)
     return f"{job_part}-{set_part}-{h}"
+
+
+def _digest(obj: JSON) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# Pod spec fields that decide which nodes a pod fits on, besides its resource requests.
+PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
+                    "runtimeClassName", "schedulerName", "nodeName", "resourceClaims")
+
+
+def _pruned(value: Any) -> Any:
+    """Without nulls and empty objects or lists: a typed client's round trip adds them (KubeRay's updates
+    write `creationTimestamp: null` and `resources: {}` into every template) without changing a pod."""
+    if isinstance(value, Mapping):
+        out = {k: _pruned(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+def placement(w: Workload, pod_set: PodSet) -> JSON:
+    """What the capacity booked for a pod set depends on: each pod's effective request (quantities in
+    canonical form) and the fields that choose its nodes. An image or a command can change freely."""
+    spec = get(w.obj, (*pod_set.template_path, "spec")) if pod_set.template_path is not None else None
+    view: JSON = {"resources": q.render(pod_set.per_pod)}
+    if isinstance(spec, Mapping):
+        view.update({k: _pruned(spec[k]) for k in PLACEMENT_FIELDS if _pruned(spec.get(k)) not in (None, {}, [])})
+    return view
+
+
+def fingerprint(w: Workload, pod_sets: Sequence[PodSet]) -> str:
+    """What a request books: each pod set's name, pod count and placement. The request records it
+    (annotation raygate.io/pod-sets) and admission compares it with the job as it is then."""
+    return short_hash(*(f"{p.name}={p.count}={template_name(w, p)}" for p in pod_sets), length=16)
 
 
 def event_name(w: Workload, reason: str, detail: str = "") -> str:
@@ -112,7 +152,7 @@ def _template_of(w: Workload, pod_set: PodSet) -> JSON:
 
 
 def pod_template(w: Workload, pod_set: PodSet) -> JSON:
-    return {"metadata": child_metadata(w, template_name(w, pod_set.name)), "template": _template_of(w, pod_set)}
+    return {"metadata": child_metadata(w, template_name(w, pod_set)), "template": _template_of(w, pod_set)}
 
 
 def parameters(w: Workload, policy: NamespacePolicy) -> dict[str, str]:
@@ -133,7 +173,7 @@ def parameters(w: Workload, policy: NamespacePolicy) -> dict[str, str]:
 
 
 def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespacePolicy, attempt: int,
-                         api_version: str) -> JSON:
+                         api_version: str, pod_sets_fingerprint: str) -> JSON:
     if not pod_sets:
         raise BadInput("no pod set requests a managed resource, so there is nothing to provision")
     if len(pod_sets) > keys.PROVREQ_MAX_POD_SETS:
@@ -143,14 +183,12 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
         )
     spec: JSON = {
         "provisioningClassName": policy.provisioning.class_name,
-        "podSets": [{"podTemplateRef": {"name": template_name(w, p.name)}, "count": p.count} for p in pod_sets],
+        "podSets": [{"podTemplateRef": {"name": template_name(w, p)}, "count": p.count} for p in pod_sets],
     }
     params = parameters(w, policy)
     if params:
         spec["parameters"] = params
-    return {
-        "apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}",
-        "kind": "ProvisioningRequest",
-        "metadata": child_metadata(w, request_name(w, attempt)),
-        "spec": spec,
-    }
+    meta = child_metadata(w, request_name(w, attempt, pod_sets_fingerprint))
+    meta["annotations"] = {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
+    return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": "ProvisioningRequest", "metadata": meta,
+            "spec": spec}

@@ -34,7 +34,7 @@ from raygate.kube import (
     Resource,
     provisioning_requests,
 )
-from raygate.workload import Workload, get, owned_by_rayjob
+from raygate.workload import Workload, get
 from reconciler import children, flow, metrics
 from reconciler.podgroup import QueueState, queue_state
 from reconciler.workqueue import Backoff, WorkQueue, run_workers
@@ -173,7 +173,19 @@ class Controller:
     def all_jobs(self) -> list[JSON]:
         """Held and admitted jobs; KubeRay's cluster of a RayJob carries its labels but is not one."""
         return [o for kind, inf in self.jobs.items() for o in inf.items()
-                if kind != keys.RAYCLUSTER_KIND or not owned_by_rayjob(o)]
+                if kind != keys.RAYCLUSTER_KIND or not self.kuberay_child(o)]
+
+    def kuberay_child(self, obj: JSON) -> bool:
+        """KubeRay's cluster of a RayJob raygate admitted: it carries the job's labels (state Admitted
+        included) and a controller reference to the job, whose uid must match the job we hold. A
+        RayCluster that only claims a RayJob parent was held by the webhook like any other, and its
+        state label is raygate's own, so it is reconciled as a job of its own."""
+        w = Workload(obj)
+        parent = w.rayjob_parent()
+        if parent is None or w.labels.get(keys.STATE_LABEL) != keys.State.ADMITTED:
+            return False
+        job = self.jobs[keys.RAYJOB_KIND].get(w.namespace, parent[0])
+        return job is not None and _meta(job, "uid") == parent[1]
 
     # --- event handlers (informer threads) ---------------------------------------------------------
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
@@ -250,7 +262,7 @@ class Controller:
         if obj is None:
             self._delete_orphans(kids)  # the job is gone: free its booking now rather than at GC
             return
-        if key[0] == keys.RAYCLUSTER_KIND and owned_by_rayjob(obj):
+        if key[0] == keys.RAYCLUSTER_KIND and self.kuberay_child(obj):
             return  # KubeRay's cluster of an admitted RayJob carries its labels; the RayJob is what we hold
         uid = _meta(obj, "uid")
         mine = {k: [c for c in v if children.controller_uid(c) == uid] for k, v in kids.items()}

@@ -180,14 +180,6 @@ def _delete_all(obs: Observed) -> list[Action]:
     return out
 
 
-def mode_of(w: Workload, policy: NamespacePolicy) -> Mode:
-    """The mode the webhook applied to this job (the config may have changed since)."""
-    try:
-        return Mode(w.annotations.get(keys.MODE_ANNOTATION) or policy.mode)
-    except ValueError:
-        return policy.mode
-
-
 @dataclass(frozen=True)
 class Gang:
     """What one job needs: the pod sets that go into a request, and the PodGroup (volcano)."""
@@ -195,6 +187,10 @@ class Gang:
     managed: tuple[PodSet, ...]
     provision: bool
     pod_group: podgroup.PodGroupSpec | None
+    fingerprint: str = ""  # of the managed pod sets: what a request for them books
+
+    def request_name(self, w: Workload, attempt: int) -> str:
+        return children.request_name(w, attempt, self.fingerprint)
 
 
 def gang_of(w: Workload, policy: NamespacePolicy) -> Gang:
@@ -204,7 +200,7 @@ def gang_of(w: Workload, policy: NamespacePolicy) -> Gang:
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
     group = podgroup.recorded(w)
-    if mode_of(w, policy) is Mode.VOLCANO and group is None:
+    if policy.mode is Mode.VOLCANO and group is None:
         raise BadInput(f"volcano mode needs the PodGroup spec in annotation {keys.POD_GROUP_ANNOTATION}, "
                        "which the webhook writes at creation: re-create the job")
     if len(managed) > keys.PROVREQ_MAX_POD_SETS and policy.provisions:
@@ -212,7 +208,11 @@ def gang_of(w: Workload, policy: NamespacePolicy) -> Gang:
             f"{len(managed)} pod sets request {', '.join(policy.managed_resources)}, but a ProvisioningRequest "
             f"holds at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"
         )
-    return Gang(managed, policy.provisions and bool(managed), group)
+    try:
+        fingerprint = children.fingerprint(w, managed)
+    except ManifestError as err:
+        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    return Gang(managed, policy.provisions and bool(managed), group, fingerprint)
 
 
 def queue_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> str | None:
@@ -231,13 +231,20 @@ def queue_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> str |
 def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
            provreq_version: str | None = keys.PROVREQ_VERSIONS[0]) -> Plan:
     """`provreq_version`: the ProvisioningRequest API version served (None: not installed)."""
-    if not policy.holds or mode_of(w, policy) is Mode.KUEUE:
+    mode = policy.recorded_mode(w.annotations)
+    if mode is Mode.KUEUE:
         return Plan(outcome="not-held")  # Kueue owns suspend in kueue mode
+    # A held job finishes under the mode it was held with, whatever the namespace changed to since.
+    policy = policy.for_mode(mode)
+    state = w.labels.get(keys.STATE_LABEL)
+    rejected = w.rejected_by_kuberay()
+    if rejected is not None and state != keys.State.FAILED:
+        return fail(w, obs, f"KubeRay refused this RayJob and will never run it ({rejected})",
+                    event_reason="RejectedByKubeRay", restartable=False)
     if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
         actions = _delete_all(obs)
         actions += [Delete("PodGroup", _name(g)) for g in obs.pod_groups]
         return Plan(actions, outcome="cleanup" if actions else "finished")
-    state = w.labels.get(keys.STATE_LABEL)
     if state == keys.State.PENDING:
         return _pending(w, obs, policy, now, provreq_version)
     if state == keys.State.PROVISIONING:
@@ -250,21 +257,24 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     return Plan(outcome="unknown-state")
 
 
-def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob") -> Plan:
+def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob",
+         restartable: bool = True) -> Plan:
     """Give up on the job: state Failed with the reason, an Event, its requests and templates deleted.
 
-    The job stays suspended. Relabelling it Pending starts over at attempt 1.
+    The job stays suspended. Relabelling it Pending starts over at attempt 1, unless KubeRay itself
+    refused the job (`restartable` False): then only a new job can run.
     """
     b = _builder(w)
     b.set(STATE_PATH, keys.State.FAILED.value)
     b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
     b.remove(_annotation(keys.REQUEST_ANNOTATION))
     b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
-    restart = (f"kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
-               f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite")
+    restart = (f"to start over run: kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
+               f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite" if restartable else
+               "delete it, fix the spec and create it again")
     actions: list[Action] = [
         _patch(b, "fail"),
-        Emit(event_reason, f"{message}. The job stays suspended; to start over run: {restart}", warning=True,
+        Emit(event_reason, f"{message}. The job stays suspended; {restart}", warning=True,
              name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
     ]
     return Plan([*actions, *_delete_all(obs)], outcome="failed")
@@ -281,13 +291,13 @@ def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str =
 
 
 def _pending_attempt(w: Workload) -> int:
-    """The attempt a Pending job starts: the one a requeue recorded, else 1.
+    """The attempt a Pending job starts: the one a requeue or a replaced request recorded, else 1.
 
     A job relabelled Pending after Failed has no current request (giving up removes it), so it
-    starts over at attempt 1.
+    starts over at attempt 1. (Only raygate writes these annotations: users cannot.)
     """
     attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
-    if attempt and w.annotations.get(keys.REQUEST_ANNOTATION) == children.request_name(w, attempt):
+    if attempt and w.annotations.get(keys.REQUEST_ANNOTATION):
         return attempt
     return 1
 
@@ -300,11 +310,15 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, gang: G
                        "cluster-autoscaler's CRD, or turn provisioning off for this namespace in raygate-config")
     actions: list[Action] = []
     have = obs.template_names()
+    wanted = set()
     for p in gang.managed:
         t = children.pod_template(w, p)
+        wanted.add(_name(t))
         if _name(t) not in have:
             actions.append(Create("PodTemplate", t))
-    pr = children.provisioning_request(w, list(gang.managed), policy, attempt, version)
+    # Templates of pod sets as they were before an edit: no request needs them any more.
+    actions += [Delete("PodTemplate", name) for name in sorted(have - wanted)]
+    pr = children.provisioning_request(w, list(gang.managed), policy, attempt, version, gang.fingerprint)
     if obs.request(_name(pr)) is None:
         actions.append(Create("ProvisioningRequest", pr))
     return actions
@@ -314,7 +328,7 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
     try:
         gang = gang_of(w, policy)
         attempt = _pending_attempt(w)
-        name = children.request_name(w, attempt)
+        name = gang.request_name(w, attempt)
         plan = Plan(_delete_requests(obs, keep=name if gang.provision else None))
         if gang.pod_group is not None and not obs.pod_groups:
             queue = obs.queue or QueueState(gang.pod_group.queue, None)
@@ -384,12 +398,14 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
                   version: str | None) -> Plan:
     attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
-    if attempt is None or name != children.request_name(w, attempt):
-        return _pending(w, obs, policy, now, version)  # annotations lost or edited: begin again, as Pending
+    if attempt is None or not name:
+        return _pending(w, obs, policy, now, version)  # annotations lost: begin again, as Pending
     try:
         gang = gang_of(w, policy)
     except BadInput as err:
         return fail(w, obs, str(err))
+    if name != gang.request_name(w, attempt):
+        return _replace(w, obs, policy, now, version, name)
     plan = Plan(_delete_requests(obs, keep=name))
     due = parse_time(w.annotations.get(keys.NEXT_ATTEMPT_ANNOTATION))
     if due is not None and now < due:
@@ -410,7 +426,9 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
                        ("CapacityRevoked", "lost its capacity before the job was admitted")):
         c = cond.get(ctype)
         if c is not None and c.true:
-            return _retry_or_fail(w, obs, policy, now, attempt, name, why, c, plan)
+            return _retry_or_fail(w, obs, policy, now, attempt, name, why, c, plan, gang)
+    if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != gang.fingerprint:
+        return _replace(w, obs, policy, now, version, name)  # it books other pod sets than the job has now
     accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
     if accepted and accepted.true and provisioned and provisioned.true:
         return _admit(w, plan, name, policy, gang, now)
@@ -419,7 +437,7 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
     if left <= 0:
         timeout = Condition("True", "ProvisionedTimeout", f"not Provisioned within "
                             f"{policy.provisioning.provisioned_timeout_seconds:g}s")
-        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", timeout, plan)
+        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", timeout, plan, gang)
     if provisioned is not None and not provisioned.true and provisioned.reason:
         msg = f": {provisioned.message}" if provisioned.message else ""
         _hold(w, f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}", "WaitingForCapacity",
@@ -429,15 +447,27 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
     return plan
 
 
+def _replace(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None,
+             old: str) -> Plan:
+    """The job's pod sets changed while it was held: a request for the new ones, in the same attempt."""
+    plan = _pending(w, obs, policy, now, version)
+    if plan.outcome == "requested":
+        why = (f"its pod sets changed after ProvisioningRequest {old} was made; the request was replaced, "
+               "so the capacity booked is the capacity it will use")
+        plan.actions.append(Emit("PodSetsChanged", why, name=children.event_name(w, "PodSetsChanged", old)))
+        plan.outcome = "replaced"
+    return plan
+
+
 def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, attempt: int, name: str,
-                   why: str, cond: Condition, plan: Plan) -> Plan:
+                   why: str, cond: Condition, plan: Plan, gang: Gang) -> Plan:
     detail = f"{cond.reason}: {cond.message}" if cond.message else cond.reason
     if attempt > policy.retry.limit:
         return fail(w, obs, f"ProvisioningRequest {name} {why} ({detail}); gave up after {attempt} attempt"
                             f"{'s' if attempt > 1 else ''}", event_reason="ProvisioningFailed")
     delay = policy.retry.delay(attempt)
     due = now + dt.timedelta(seconds=delay)
-    nxt = children.request_name(w, attempt + 1)
+    nxt = gang.request_name(w, attempt + 1)
     b = _builder(w)
     b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
     b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
@@ -456,6 +486,10 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
 def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     plan = Plan(_delete_requests(obs, keep=name), outcome="admitted")
+    if w.suspended:
+        # Suspended by a user after admission: its pods are gone, and so will its booking be before it
+        # could start again. It waits for capacity anew, as any held job.
+        return _requeue(w, obs, policy, name, "was suspended after admission", "Requeued")
     pr = obs.request(name) if name else None
     revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
     if revoked is None or not revoked.true or name is None:
@@ -466,18 +500,27 @@ def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datet
               "CapacityRevoked", plan, name)
         plan.outcome = "revoked-reported"
         return plan
+    return _requeue(w, obs, policy, name, f"lost the capacity of ProvisioningRequest {name} ({detail})",
+                    "CapacityRevoked", suspend=True)
+
+
+def _requeue(w: Workload, obs: Observed, policy: NamespacePolicy, name: str | None, why: str, event_reason: str,
+             *, suspend: bool = False) -> Plan:
+    """Back to Pending with the next attempt: the job waits for a new request, suspended."""
     attempt = (_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1) + 1
-    nxt = children.request_name(w, attempt)
-    reason = f"capacity of ProvisioningRequest {name} was revoked ({detail}); suspended and queued again as {nxt}"
+    try:
+        nxt = gang_of(w, policy).request_name(w, attempt)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    reason = f"{why}; {'suspended and ' if suspend else ''}queued again for capacity as {nxt}"
     b = _builder(w)
-    b.set(("spec", "suspend"), True)
+    if suspend:
+        b.set(("spec", "suspend"), True)
     b.set(STATE_PATH, keys.State.PENDING.value)
     b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
     b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
     b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
     b.remove(_annotation(keys.ADMITTED_AT_ANNOTATION))
-    plan.actions = [_patch(b, "requeue"),
-                    Emit("CapacityRevoked", reason, warning=True, name=children.event_name(w, "Revoked", name)),
-                    *_delete_requests(obs, keep=nxt)]
-    plan.outcome = "requeued"
-    return plan
+    return Plan([_patch(b, "requeue"),
+                 Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
+                 *_delete_requests(obs, keep=nxt)], outcome="requeued")

@@ -17,3 +17,15 @@ def wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def consistently(check: Callable[[], Any], seconds: float, what: str, interval: float = 0.25,
+                 explain: Callable[[], str] | None = None) -> None:
+    """`check` stays truthy for `seconds`: what must not happen does not, even after a while."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if not check():
+            raise AssertionError(f"expected {what}" + (f": {explain()}" if explain else ""))
+        if time.monotonic() > deadline:
+            return
+        time.sleep(interval)

@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from types import ModuleType
-from typing import Any
 
 from raygate import keys
 from raygate import quantity as q
 from raygate.policy import Mode, NamespacePolicy, RaygateConfig
-from raygate.workload import Gang, ManifestError, Workload, get, owned_by_rayjob
+from raygate.workload import Gang, ManifestError, Workload, get
+from webhook import guard
 from webhook.modes import kueue, provisioning, volcano
 from webhook.patch import PatchBuilder, PatchOp
 from webhook.review import AdmissionRequest, username
@@ -44,10 +44,24 @@ def refuse(message: str, *, code: int = 422, mode: Mode | None = None) -> Decisi
     return Decision(allowed=False, outcome="refused", message=message, code=code, mode=mode)
 
 
-def _skip_reason(w: Workload) -> str | None:
-    if w.kind == keys.RAYCLUSTER_KIND and owned_by_rayjob(w.obj):
+def _kuberay_child(w: Workload, user: str, config: RaygateConfig) -> bool:
+    """KubeRay's own cluster for a RayJob that raygate admitted (or that Kueue owns): leave it alone.
+
+    Decided by who asks, not by what the object claims: anyone may write an ownerReference or a
+    label. Only the KubeRay operator creates a RayJob's cluster, and it copies the job's labels and
+    annotations onto it; users cannot write raygate's keys on a job (the guard), so a state of
+    Admitted here is the admitted job's own.
+    """
+    if w.rayjob_parent() is None or user not in config.ray_operator_users:
+        return False
+    return (w.labels.get(keys.STATE_LABEL) == keys.State.ADMITTED
+            or w.annotations.get(keys.MODE_ANNOTATION) == Mode.KUEUE.value)
+
+
+def _skip_reason(w: Workload, user: str, config: RaygateConfig) -> str | None:
+    if _kuberay_child(w, user, config):
         return "skipped-owned-by-rayjob"  # its RayJob was gang-admitted already
-    if w.is_job and get(w.obj, ("spec", "clusterSelector")) and not get(w.obj, ("spec", "rayClusterSpec")):
+    if w.uses_cluster_selector:
         return "skipped-cluster-selector"  # runs on an existing cluster: there is no gang to admit
     # No skip on raygate's own annotation: a user could set it to walk past the hold. An object
     # raygate already mutated needs no patch anyway, because every operation is a no-op then.
@@ -58,6 +72,22 @@ def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warn
     if not w.is_job:
         return []
     out = []
+    deletion = get(w.obj, ("spec", "deletionStrategy"))
+    if isinstance(deletion, dict) and deletion.get("deletionRules"):
+        return [
+            "spec.deletionStrategy.deletionRules cannot be used with raygate: KubeRay requires "
+            "shutdownAfterJobFinishes: false with deletionRules, and refuses to suspend a RayJob unless "
+            "shutdownAfterJobFinishes is true, so this job could never be held until its capacity is booked. "
+            "Remove deletionRules and set `shutdownAfterJobFinishes: true`; keep the cluster after the job with "
+            "ttlSecondsAfterFinished, or choose what is deleted with deletionStrategy.onSuccess/onFailure"
+        ]
+    if isinstance(deletion, dict) and any(
+            get(deletion, (when, "policy")) == "DeleteNone" for when in ("onSuccess", "onFailure")):
+        out.append(
+            "deletionStrategy policy DeleteNone needs shutdownAfterJobFinishes: false, and KubeRay refuses to "
+            "suspend such a RayJob: use DeleteCluster, DeleteWorkers or DeleteSelf (with ttlSecondsAfterFinished "
+            "to keep the cluster a while)"
+        )
     if get(w.obj, ("spec", "clusterSelector")):
         out.append(
             "spec.clusterSelector and spec.rayClusterSpec cannot be used together: remove clusterSelector "
@@ -83,7 +113,7 @@ def _max_gang_refusals(namespace: str, policy: NamespacePolicy, gang: Gang) -> l
     out: list[str] = []
     if not policy.max_gang:
         return out  # no limit: skip summing the gang's resources (about a tenth of a review's time)
-    need = gang.min_resources
+    need = gang.start_resources
     for name, limit in sorted(policy.max_gang_quantities().items()):
         if need.get(name, Decimal(0)) > limit:
             out.append(
@@ -136,12 +166,25 @@ def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, conf
     subject = _subject(request, ns_labels, config)
     if isinstance(subject, Decision):
         return subject
-    return _admit(*subject, config)
+    return _admit(*subject, config, username(request))
 
 
-def _admit(w: Workload, namespace: str, config: RaygateConfig) -> Decision:
+def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:
+    """Remove what a user wrote in raygate's name: its own keys (a state, a request, a reason), and
+    annotations on pod templates that would consume a booking made for someone else's job."""
+    for kind in ("labels", "annotations"):
+        for key in getattr(w, kind):
+            path = ("metadata", kind, key)
+            if guard.raygate_owned(key) and not b.written(path):
+                b.remove(path)
+    for _, template in w.template_paths():
+        for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
+            b.remove((*template, "metadata", "annotations", key))
+
+
+def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Decision:
     """Refuse, or hold and patch, an opted-in Ray object being created."""
-    skip = _skip_reason(w)
+    skip = _skip_reason(w, user, config)
     if skip:
         return allow(skip)
     policy = config.policy_for(namespace)
@@ -159,6 +202,7 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig) -> Decision:
         return refuse(f"raygate refused {w.kind} {w.name}: " + "; ".join(problems), mode=policy.mode)
     mode_rules.apply(b, w, policy, gang)
     b.set(("metadata", "annotations", keys.MODE_ANNOTATION), policy.mode.value)
+    _strip_user_claims(b, w)
     return Decision(
         allowed=True, outcome="mutated" if b.ops else "unchanged", patch=b.ops, warnings=warnings, gang=gang,
         mode=policy.mode,
@@ -182,49 +226,6 @@ def _not_suspended_for_kueue(w: Workload, namespace: str) -> str:
     )
 
 
-def _guarded_keys(meta: Mapping[str, Any] | None) -> dict[str, Any]:
-    """raygate's own labels and annotations plus the queue labels it decides on."""
-    queue_keys = {keys.KUEUE_QUEUE_LABEL, keys.KUEUE_PRIORITY_LABEL, keys.VOLCANO_QUEUE_LABEL,
-                  keys.RAY_PRIORITY_CLASS_LABEL}
-    out: dict[str, Any] = {}
-    for kind in ("labels", "annotations"):
-        for k, v in ((meta or {}).get(kind) or {}).items():
-            if k.startswith(keys.DOMAIN + "/") or k in queue_keys:
-                out[f"{kind[:-1]} {k}"] = v
-    return out
-
-
-_SCHEDULING_ANNOTATIONS = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION,
-                           keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
-
-
-def _scheduling_metadata(w: Workload) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for _, path in w.template_paths():
-        found = {"schedulerName": get(w.obj, (*path, "spec", "schedulerName"))}
-        for a in _SCHEDULING_ANNOTATIONS:
-            found[a] = get(w.obj, (*path, "metadata", "annotations", a))
-        # Only what is set: a worker group added without any of it changes no scheduling metadata.
-        out.update({f"{path} {k}": v for k, v in found.items() if v is not None})
-    return out
-
-
-def _guard_update(old: Workload, new: Workload) -> list[str]:
-    changed = []
-    if old.suspended and not new.suspended:
-        changed.append("unsuspend it")
-    before, after = _guarded_keys(old.obj.get("metadata")), _guarded_keys(new.obj.get("metadata"))
-    for k in sorted(set(before) | set(after)):
-        if before.get(k) != after.get(k):
-            changed.append(f"{'remove' if k not in after else 'change'} {k}")
-    try:
-        if _scheduling_metadata(old) != _scheduling_metadata(new):
-            changed.append("change the scheduling metadata of its pod templates")
-    except ManifestError as err:
-        changed.append(f"make it unreadable ({err})")
-    return changed
-
-
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
     try:
@@ -238,34 +239,39 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     if isinstance(subject, Decision):
         return subject
     w, namespace = subject
+    user = username(request)
     if request.get("operation") == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
-        decision = _admit(w, namespace, config)
+        decision = _admit(w, namespace, config, user)
         if not decision.allowed:
             return decision
         if decision.mode is Mode.KUEUE and not w.suspended:
             return refuse(_not_suspended_for_kueue(w, namespace), mode=Mode.KUEUE)
+        if decision.mode is not None and decision.mode is not Mode.KUEUE and decision.patch:
+            return refuse(_not_held(w, namespace, decision.patch), mode=decision.mode)
         return allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
         return allow("skipped-operation")
-    old = Workload(request["oldObject"])  # type: ignore[arg-type]
-    if old.labels.get(keys.STATE_LABEL) not in keys.HELD_STATES:
-        return allow("not-held")
-    if username(request) in config.trusted_users:
+    if user in config.trusted_users:
         return allow("trusted")
-    changes = _guard_update(old, w)
+    old = Workload(request["oldObject"])  # type: ignore[arg-type]
+    policy = config.policy_for(namespace)
+    mode = policy.recorded_mode(old.annotations)
+    if mode is Mode.KUEUE:
+        return allow("kueue-owned")  # Kueue admits here, and its own webhook guards admitted jobs
+    changes = guard.forbidden_changes(old, w, mode, policy.managed_resources)
     if not changes:
         return allow("valid")
-    state = old.labels.get(keys.STATE_LABEL)
-    reason = old.annotations.get(keys.REASON_ANNOTATION)
-    return refuse(
-        f"{w.kind} {w.name} is held by raygate (state {state}) while it waits for capacity"
-        + (f": {reason}" if reason else "")
-        + f". You may not {', '.join(changes)} meanwhile. See why with "
-        f"`kubectl describe {w.kind.lower()} {w.name} -n {namespace}` or `kubectl raygate status -n {namespace}`; "
-        "delete and re-create the job to change it",
-        code=403,
-    )
+    return refuse(guard.refusal(w, old, namespace, changes), code=403)
+
+
+def _not_held(w: Workload, namespace: str, patch: list[PatchOp]) -> str:
+    """Validation runs after every mutating webhook: the object must be stored exactly as raygate held it."""
+    paths = ", ".join(sorted({str(op["path"]) for op in patch})[:5])
+    return (f"{w.kind} {w.name} would be stored without raygate's hold in namespace {namespace} ({paths} differ "
+            "from what raygate's mutating webhook sets): its GPU pods could start before capacity is booked. "
+            "Another mutating webhook changed it after raygate, or raygate's mutating webhook did not run: "
+            "cluster admins, check `kubectl get mutatingwebhookconfiguration raygate-mutating`")
 
 
 Decide = Callable[[AdmissionRequest, Mapping[str, str] | None, RaygateConfig], Decision]

@@ -26,7 +26,12 @@ class PatchBuilder:
     def __init__(self, obj: Mapping[str, Any]) -> None:
         self._obj = obj
         self._created: dict[Path, dict[str, Any]] = {}
+        self._written: set[Path] = set()
         self.ops: list[PatchOp] = []
+
+    def written(self, path: Path) -> bool:
+        """Whether `set` was called for `path` (even when the value was already in place)."""
+        return path in self._written
 
     def _lookup(self, path: Path) -> Any:
         for i in range(len(path), 0, -1):
@@ -36,6 +41,7 @@ class PatchBuilder:
         return get(self._obj, path, _MISSING)
 
     def set(self, path: Path, value: Any) -> None:
+        self._written.add(path)
         if self._lookup(path) == value:
             return
         # The deepest ancestor that already exists as an object (depth 0 is the root).

@@ -25,6 +25,7 @@ from typing import Any
 from certs import pki
 from raygate.devenv.build import Bundle
 from raygate.errors import RaygateError
+from raygate.policy import KUBERAY_OPERATOR_USER
 
 SERVICE_CIDR = "10.96.0.0/16"
 STATE_FILE = "state.json"
@@ -397,10 +398,32 @@ class ControlPlane:
                 done.add(str(crd["metadata"]["name"]))
         return done
 
+    def kubeconfig_as(self, user: str, groups: list[str]) -> Path:
+        """A kubeconfig that impersonates `user`: a local process acts under that identity, as it would
+        with its ServiceAccount token in a cluster (the admin certificate may impersonate anyone)."""
+        cfg = json.loads(self.kubeconfig.read_text())
+        cfg["users"][0]["user"].update({"as": user, "as-groups": groups})
+        path = self.workdir / f"kubeconfig-{user.replace(':', '-')}"
+        path.write_text(json.dumps(cfg, indent=2))
+        path.chmod(0o600)
+        return path
+
     def start_kuberay(self, state: State | None = None, *extra_args: str) -> None:
+        """The KubeRay operator under its own ServiceAccount's name (the default of raygate's
+        rayOperatorUsers), so raygate tells its requests from a user's as it would in a cluster."""
         state = state or self.load_state()
         if state is None:
             raise RaygateError("start the control plane before the KubeRay operator")
+        _, namespace, name = KUBERAY_OPERATOR_USER.rsplit(":", 2)
+        # Local only: cluster-admin for the operator's account instead of KubeRay's own ClusterRole.
+        binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "raygate-dev-kuberay-operator"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                   "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]}
+        self.kubectl("apply", "-f", "-", input_text=json.dumps(binding))
+        kubeconfig = self.kubeconfig_as(KUBERAY_OPERATOR_USER, ["system:serviceaccounts",
+                                                                f"system:serviceaccounts:{namespace}",
+                                                                "system:authenticated"])
         self.spawn(
             state,
             "kuberay-operator",
@@ -411,7 +434,7 @@ class ControlPlane:
                 "--enable-leader-election=false",
                 *extra_args,
             ],
-            env={"KUBECONFIG": str(self.kubeconfig)},
+            env={"KUBECONFIG": str(kubeconfig)},
         )
         time.sleep(0.5)
         self.wait_for(state, "kuberay-operator", lambda: True, 1)

@@ -19,7 +19,7 @@ from waiting import wait
 from raygate import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.kueue_local import MUTATING, start_kueue, stop_kueue
-from raygate.devenv.raygate_local import start_webhook, stop_webhook
+from raygate.devenv.raygate_local import LocalWebhook, start_webhook, stop_webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.kueue]
 
@@ -65,14 +65,21 @@ def workload_of(cluster: ControlPlane, job: str, namespace: str) -> dict[str, An
                  if any(r.get("name") == job for r in w["metadata"].get("ownerReferences") or [])), None)
 
 
-@pytest.fixture(scope="module")
-def stack(cluster: ControlPlane) -> Iterator[None]:
-    """raygate's webhook with every opted-in namespace in kueue mode, Kueue, and a ClusterQueue."""
-    kubectl(cluster, "create", "namespace", keys.SYSTEM_NAMESPACE)  # AlreadyExists is fine
+def set_config(cluster: ControlPlane, text: str) -> None:
     apply(cluster, {"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
-                    "data": {keys.CONFIGMAP_KEY: f"defaults:\n  mode: kueue\n  queueName: {LOCAL_QUEUE}\n"}})
-    start_webhook(cluster, name=HOOK)
+                    "data": {keys.CONFIGMAP_KEY: text}})
+
+
+KUEUE_CONFIG = f"defaults:\n  mode: kueue\n  queueName: {LOCAL_QUEUE}\n"
+
+
+@pytest.fixture(scope="module")
+def stack(cluster: ControlPlane) -> Iterator[LocalWebhook]:
+    """raygate's webhook with every opted-in namespace in kueue mode, Kueue, and a ClusterQueue."""
+    kubectl(cluster, "create", "namespace", keys.SYSTEM_NAMESPACE)  # AlreadyExists is fine
+    set_config(cluster, KUEUE_CONFIG)
+    hook = start_webhook(cluster, name=HOOK)
     start_kueue(cluster, reinvocation="IfNeeded")
     apply(
         cluster,
@@ -85,7 +92,7 @@ def stack(cluster: ControlPlane) -> Iterator[None]:
                  {"name": GPU, "nominalQuota": str(QUOTA_GPUS)}]}]}]}},
     )
     try:
-        yield
+        yield hook
     finally:
         stop_kueue(cluster)
         stop_webhook(cluster, HOOK)
@@ -95,7 +102,7 @@ def stack(cluster: ControlPlane) -> Iterator[None]:
 
 
 @pytest.fixture
-def team(stack: None, cluster: ControlPlane, make_namespace: Callable[..., str]) -> str:
+def team(stack: LocalWebhook, cluster: ControlPlane, make_namespace: Callable[..., str]) -> str:
     ns = make_namespace("kq", {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE})
     apply(cluster, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                     "metadata": {"name": LOCAL_QUEUE, "namespace": ns}, "spec": {"clusterQueue": "gpu-cq"}})
@@ -152,3 +159,32 @@ def test_without_reinvocation_raygate_refuses_the_job_kueue_never_suspended(
         restore = patch.replace('"Never"', '"IfNeeded"')
         assert kubectl(cluster, "patch", "mutatingwebhookconfiguration", MUTATING, "--type=json",
                        "-p", restore).returncode == 0
+
+
+def test_a_job_queued_in_kueue_is_still_admitted_by_kueue_after_the_namespace_leaves_kueue_mode(
+    cluster: ControlPlane, team: str, stack: LocalWebhook,
+) -> None:
+    """A mode change strands no job: one Kueue queued stays Kueue's (its raygate.io/mode says kueue), and raygate
+    lets Kueue unsuspend it; jobs created after the change are held by raygate."""
+    assert create(cluster, gpu_job("blocker", team, gpus_per_worker=QUOTA_GPUS // 2).obj()).returncode == 0
+    wait(lambda: (j := get(cluster, "rayjob", "blocker", team)) and not j["spec"].get("suspend"), 60,
+         "Kueue admitting the job that takes the whole quota")
+    assert create(cluster, gpu_job("queued", team).obj()).returncode == 0
+    wait(lambda: (w := workload_of(cluster, "queued", team)) and (c := condition(w, "QuotaReserved"))
+         and c["status"] == "False", 60, "Kueue queueing the second job")
+    set_config(cluster, KUEUE_CONFIG + f"namespaces:\n  {team}:\n    mode: provisioning\n")
+    version = kubectl(cluster, "get", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "-o",
+                      "jsonpath={.metadata.resourceVersion}").stdout.strip()
+    stack.wait_config_version(version)
+    try:
+        after = json.loads(create(cluster, gpu_job("after", team).obj()).stdout)
+        assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending" and after["spec"]["suspend"] is True
+        assert kubectl(cluster, "delete", "rayjob", "blocker", "-n", team).returncode == 0
+        wait(lambda: (j := get(cluster, "rayjob", "queued", team)) and not j["spec"].get("suspend"), 60,
+             "Kueue admitting the queued job after the namespace left kueue mode")
+        child = wait(lambda: next((c for c in items(cluster, "rayclusters", team)
+                                   if c["metadata"]["labels"].get(keys.ORIGINATED_FROM_NAME_LABEL) == "queued"), None),
+                     60, "KubeRay creating the queued job's RayCluster")
+        assert child["spec"].get("suspend") is not True  # KubeRay's own cluster of a Kueue job: left alone
+    finally:
+        set_config(cluster, KUEUE_CONFIG)

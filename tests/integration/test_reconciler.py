@@ -321,13 +321,11 @@ def test_cpu_only_job_is_admitted_without_a_request(env: Env) -> None:
     assert "no capacity request was needed" in event(env, ns, "cpu-only", "Admitted")
 
 
-def test_too_many_gpu_pod_sets_fail_with_a_reason(env: Env) -> None:
+def test_too_many_gpu_pod_sets_are_refused_at_create_with_a_reason(env: Env) -> None:
     ns = NS["main"]
-    create(env, ns, rayjob("too-many", groups=[worker(f"g{i}", 1, GPU) for i in range(33)]))
-    failed = wait_state(env, ns, "too-many", "Failed")
-    assert "at most 32" in str(ann(failed, keys.REASON_ANNOTATION))
-    assert failed["spec"]["suspend"] is True
-    assert "at most 32" in event(env, ns, "too-many", "InvalidJob")
+    with pytest.raises(ApiError) as refused:
+        create(env, ns, rayjob("too-many", groups=[worker(f"g{i}", 1, GPU) for i in range(33)]))
+    assert "one ProvisioningRequest books at most 32: merge worker groups" in refused.value.message
 
 
 def test_failed_retries_with_backoff_gives_up_and_restarts_on_relabel(env: Env) -> None:

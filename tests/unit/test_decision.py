@@ -17,7 +17,7 @@ import pytest
 from builders import RayCluster, RayJob, config, container, gpu_job, pod_template, request
 
 from raygate import keys
-from raygate.policy import Mode, RaygateConfig
+from raygate.policy import KUBERAY_OPERATOR_USER, Mode, RaygateConfig
 from raygate.workload import Workload
 from webhook.decision import Decision, mutate, validate
 from webhook.patch import pointer
@@ -25,6 +25,7 @@ from webhook.patch import pointer
 OPTED_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
 DEFAULT = config()
 TRUSTED = f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"
+OPERATOR = KUBERAY_OPERATOR_USER
 ABSENT = object()
 
 
@@ -67,6 +68,13 @@ def sched(template: tuple[str | int, ...]) -> str:
 
 def ann(template: tuple[str | int, ...], key: str) -> str:
     return p(*template, "metadata", "annotations", key)
+
+
+def _gpu_groups(n: int) -> RayJob:
+    job = RayJob()
+    for i in range(n):
+        job.worker(f"g{i}", limits={"nvidia.com/gpu": "1"})
+    return job
 
 
 def _groups(n: int) -> RayJob:
@@ -325,11 +333,11 @@ def test_kueue_mode_refuses_a_create_that_nothing_suspended(obj: dict[str, Any])
     assert validate(request(_kueue_suspends(labelled)), OPTED_IN, cfg).allowed
 
 
-def test_kueue_mode_leaves_objects_it_skips_alone_when_unsuspended() -> None:
+def test_kueue_mode_leaves_kuberays_cluster_of_a_kueue_job_alone_when_unsuspended() -> None:
     cfg = config(mode="kueue", queueName="q")
-    owned = RayCluster("c").label(keys.ORIGINATED_FROM_CRD_LABEL, keys.RAYJOB_KIND).obj()
-    assert validate(request(owned), OPTED_IN, cfg).allowed
-    assert validate(request(gpu_job().obj()), OPTED_IN, config(queueName="q")).allowed  # not kueue mode
+    owned = kuberay_child(keys.MODE_ANNOTATION, "kueue")
+    assert validate(request(owned, user=OPERATOR), OPTED_IN, cfg).allowed
+    assert not validate(request(owned, user="alice"), OPTED_IN, cfg).allowed  # a user's claim is not enough
 
 
 @pytest.mark.parametrize("case", MUTATIONS, ids=lambda c: c.name)
@@ -381,10 +389,22 @@ class Skip:
     cfg: RaygateConfig = DEFAULT
 
 
+def kuberay_child(key: str = keys.STATE_LABEL, value: str = "Admitted") -> dict[str, Any]:
+    """The RayCluster KubeRay creates for a RayJob: the job's labels and annotations, a controller reference."""
+    child = RayCluster("job-raycluster-x").owned_by_rayjob("job").label(keys.ORIGINATED_FROM_CRD_LABEL, "RayJob")
+    if key == keys.STATE_LABEL:
+        child.label(key, value).annotation(keys.MODE_ANNOTATION, "provisioning")
+    else:
+        child.annotation(key, value)
+    return child.worker("gpu", replicas=2, limits={"nvidia.com/gpu": "1"}).obj()
+
+
 SKIPS = [
-    Skip("raycluster_owned_by_rayjob", request(RayCluster().owned_by_rayjob().obj()), "skipped-owned-by-rayjob"),
-    Skip("raycluster_labelled_originated_from_rayjob",
-         request(RayCluster().label(keys.ORIGINATED_FROM_CRD_LABEL, "RayJob").obj()), "skipped-owned-by-rayjob"),
+    Skip("kuberay_operator_creates_the_cluster_of_an_admitted_rayjob", request(kuberay_child(), user=OPERATOR),
+         "skipped-owned-by-rayjob"),
+    Skip("operator_identity_is_configurable",
+         request(kuberay_child(), user="system:serviceaccount:default:kuberay-operator"), "skipped-owned-by-rayjob",
+         cfg=RaygateConfig.model_validate({"rayOperatorUsers": ["system:serviceaccount:default:kuberay-operator"]})),
     Skip("rayjob_with_only_cluster_selector",
          request(RayJob().without_cluster_spec().cluster_selector(**{"ray.io/cluster": "shared"}).obj()),
          "skipped-cluster-selector"),
@@ -406,6 +426,70 @@ SKIPS = [
 def test_left_alone(case: Skip) -> None:
     d = mutate(case.req, case.ns_labels, case.cfg)  # type: ignore[arg-type]
     assert (d.allowed, d.patch, d.outcome) == (True, [], case.outcome)
+
+
+# A RayCluster is KubeRay's cluster of an admitted RayJob only when the operator creates it: what the object
+# claims (an ownerReference, KubeRay's labels, a copied raygate state) is anyone's to write.
+CLAIMS = {
+    "owner_reference_to_a_rayjob_written_by_a_user": (RayCluster().owned_by_rayjob().obj(), "alice"),
+    "originated_from_rayjob_label_written_by_a_user":
+        (RayCluster().label(keys.ORIGINATED_FROM_CRD_LABEL, "RayJob").obj(), "alice"),
+    "every_claim_at_once_written_by_a_user": (kuberay_child(), "alice"),
+    "owner_reference_of_another_api_group": (RayCluster().set("metadata", "ownerReferences", value=[{
+        "apiVersion": "evil.example/v1", "kind": "RayJob", "name": "job", "uid": "u", "controller": True}])
+        .label(keys.STATE_LABEL, "Admitted").obj(), OPERATOR),
+    "owner_reference_that_is_not_the_controller": (RayCluster().set("metadata", "ownerReferences", value=[{
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "name": "job", "uid": "u"}])
+        .label(keys.STATE_LABEL, "Admitted").obj(), OPERATOR),
+    "operator_creates_a_cluster_for_a_job_raygate_never_admitted": (kuberay_child(keys.STATE_LABEL, "Pending"),
+                                                                     OPERATOR),
+    "operator_not_in_the_configured_identity": (kuberay_child(), "system:serviceaccount:default:kuberay-operator"),
+}
+
+
+@pytest.mark.parametrize("name", CLAIMS)
+def test_a_claimed_rayjob_parent_is_held_like_any_raycluster(name: str) -> None:
+    obj, user = CLAIMS[name]
+    d = mutate(request(obj, user=user), OPTED_IN, DEFAULT)
+    after = applied(obj, d)
+    assert d.outcome == "mutated"
+    assert at(after, SUSPEND) is True and at(after, STATE) == "Pending"
+
+
+def test_a_user_cannot_create_an_object_in_a_state_raygate_did_not_give_it() -> None:
+    obj = (gpu_job().suspend(False).label(keys.STATE_LABEL, "Admitted")
+           .annotation(keys.REQUEST_ANNOTATION, "someone-elses-request").annotation(keys.ATTEMPT_ANNOTATION, "1")
+           .annotation(keys.ADMITTED_AT_ANNOTATION, "2030-01-01T00:00:00Z").annotation("team", "ml").obj())
+    after = applied(obj, decide(obj))
+    assert at(after, STATE) == "Pending" and at(after, SUSPEND) is True
+    assert {k for k in after["metadata"]["annotations"] if k.startswith("raygate.io/")} == {keys.MODE_ANNOTATION}
+    assert after["metadata"]["annotations"]["team"] == "ml"
+
+
+def test_consume_annotations_a_user_wrote_are_removed_at_create() -> None:
+    stolen = {keys.CONSUME_ANNOTATION: "other-teams-request", keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS,
+              "keep": "me"}
+    obj = gpu_job().set(*JOB_WORKER0, "metadata", value={"annotations": dict(stolen)}).obj()
+    obj = jsonpatch.apply_patch(obj, [{"op": "add", "path": p(*JOB_HEAD, "metadata"),
+                                       "value": {"annotations": dict(stolen)}}])
+    after = applied(obj, decide(obj))
+    for template in (JOB_WORKER0, JOB_HEAD):
+        assert at(after, p(*template, "metadata", "annotations")) == {"keep": "me"}
+
+
+@pytest.mark.parametrize("cfg", [DEFAULT, config(mode="volcano"), config(mode="kueue", queueName="q")],
+                         ids=["provisioning", "volcano", "kueue"])
+def test_validation_refuses_a_create_stored_without_raygates_hold(cfg: RaygateConfig) -> None:
+    obj = gpu_job().obj()
+    held = applied(obj, mutate(request(obj), OPTED_IN, cfg))
+    if cfg.defaults.mode is Mode.KUEUE:
+        held["spec"]["suspend"] = True  # as Kueue's own webhook leaves it
+    assert validate(request(held), OPTED_IN, cfg).allowed
+    undone = json.loads(json.dumps(held))
+    undone["spec"]["suspend"] = False  # a later mutating webhook, or raygate's mutating webhook bypassed
+    d = validate(request(undone), OPTED_IN, cfg)
+    assert not d.allowed and d.code == 422 and d.message is not None
+    assert "/spec/suspend" in d.message or "would start at once" in d.message
 
 
 def test_unknown_namespace_counts_as_opted_in_because_the_selector_chose_it() -> None:
@@ -458,6 +542,21 @@ REFUSALS = [
             config(mode="volcano", maxGang={"nvidia.com/gpu": "1"})),
     Refusal("volcano_generate_name_cannot_name_the_pod_group", gpu_job().generate_name("job-").obj(),
             "set a name instead of generateName", config(mode="volcano")),
+    Refusal("deletion_rules_cannot_be_suspended_by_kuberay",
+            gpu_job().set("spec", "deletionStrategy", value={"deletionRules": [
+                {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 60}}]}).obj(),
+            "Remove deletionRules and set `shutdownAfterJobFinishes: true`"),
+    Refusal("deletion_rules_not_fixed_into_a_spec_kuberay_rejects",
+            gpu_job().shutdown_after_finish(False).set("spec", "deletionStrategy", value={"deletionRules": [
+                {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED"}}]}).obj(),
+            "KubeRay requires shutdownAfterJobFinishes: false with deletionRules",
+            config(fixShutdownAfterJobFinishes=True)),
+    Refusal("deletion_policy_delete_none",
+            gpu_job().set("spec", "deletionStrategy", value={"onSuccess": {"policy": "DeleteNone"},
+                                                             "onFailure": {"policy": "DeleteCluster"}}).obj(),
+            "use DeleteCluster, DeleteWorkers or DeleteSelf"),
+    Refusal("more_gpu_pod_sets_than_one_request_books", _gpu_groups(33).obj(),
+            "33 pod sets request nvidia.com/gpu, but one ProvisioningRequest books at most 32"),
     Refusal("unreadable_replicas", RayJob().worker("w", replicas=None).set(
             "spec", "rayClusterSpec", "workerGroupSpecs", 0, "replicas", value="two").obj(),
             "workerGroupSpecs[0].replicas must be a non-negative integer"),
@@ -537,16 +636,18 @@ GANGS = [
     GangCase("sidecar_mode_submitter_inside_the_head_pod", _anchor(RayJob).submission_mode("SidecarMode").obj(), 3,
              {"cpu": "1268m", "memory": "968Mi", "nvidia.com/gpu": "2"}, {"headgroup": 1, "gpu": 2},
              {"headgroup": {"cpu": "756m", "memory": "456Mi"}}),
-    GangCase("autoscaling_counts_min_replicas_and_the_autoscaler_sidecar", _anchor().autoscaling().obj(), 2,
-             {"cpu": "1012m", "memory": "1Gi", "nvidia.com/gpu": "1"}, {"headgroup": 1, "gpu": 1},
+    # Under autoscaling KubeRay still starts `replicas` (2 here): that is what is booked (count); Volcano's
+    # minMember and minResources keep KubeRay's plugin's rule, minReplicas (1).
+    GangCase("autoscaling_min_member_counts_min_replicas_and_the_autoscaler_sidecar", _anchor().autoscaling().obj(),
+             2, {"cpu": "1012m", "memory": "1Gi", "nvidia.com/gpu": "1"}, {"headgroup": 1, "gpu": 2},
              {"headgroup": {"cpu": "756m", "memory": "768Mi"}}),
     GangCase("autoscaling_with_custom_autoscaler_resources",
              _anchor().autoscaling({"requests": {"cpu": "1", "memory": "1Gi"}}).obj(), 2,
              {"cpu": "1512m", "memory": "1536Mi", "nvidia.com/gpu": "1"}),
-    GangCase("autoscaling_min_replicas_zero_group_has_no_pods",
+    GangCase("autoscaling_min_replicas_zero_still_starts_the_replicas",
              RayCluster().head(requests={"cpu": "1"}).autoscaling()
              .worker("gpu", replicas=4, min_replicas=0, limits={"nvidia.com/gpu": "1"}).obj(), 1,
-             {"cpu": "1500m", "memory": "512Mi"}, {"headgroup": 1, "gpu": 0}),
+             {"cpu": "1500m", "memory": "512Mi"}, {"headgroup": 1, "gpu": 4}),
     GangCase("replicas_above_max_are_clamped",
              RayCluster().head(requests={"cpu": "1"}).worker("w", replicas=9, max_replicas=3, requests={"cpu": "1"})
              .obj(), 4, {"cpu": "4"}, {"headgroup": 1, "w": 3}),
@@ -618,6 +719,22 @@ def test_gang(case: GangCase) -> None:
         assert next(s for s in gang["podSets"] if s["name"] == name)["resources"] == resources
 
 
+def test_autoscaling_gang_tells_booked_pods_from_volcanos_min_member_and_the_ceiling() -> None:
+    obj = (RayCluster().head(requests={"cpu": "1"}).autoscaling()
+           .worker("gpu", replicas=10, min_replicas=0, max_replicas=16, hosts=2, limits={"nvidia.com/gpu": "1"}).obj())
+    gpu = next(s for s in Workload(obj).gang().to_json()["podSets"] if s["name"] == "gpu")
+    assert (gpu["count"], gpu["minMemberCount"], gpu["maxCount"]) == (20, 0, 32)
+    managed = Workload(obj).gang().managed_pod_sets(["nvidia.com/gpu"])
+    assert [(m.name, m.count) for m in managed] == [("gpu", 20)]  # a request for all 20: KubeRay starts them
+
+
+def test_max_gang_limits_what_kuberay_starts_under_autoscaling() -> None:
+    obj = (RayJob().autoscaling()
+           .worker("gpu", replicas=10, min_replicas=0, max_replicas=10, limits={"nvidia.com/gpu": "1"}).obj())
+    d = decide(obj, config(maxGang={"nvidia.com/gpu": "4"}))
+    assert not d.allowed and d.message is not None and "needs 10 nvidia.com/gpu" in d.message
+
+
 def test_webhook_decision_carries_the_gang_it_checked() -> None:
     d = decide(_anchor(RayJob).submission_mode("HTTPMode").obj())
     assert d.gang is not None and d.gang.min_member == 3
@@ -650,16 +767,37 @@ def _edit(obj: dict[str, Any], ptr: str, value: Any = ABSENT) -> dict[str, Any]:
     return jsonpatch.apply_patch(obj, [op])  # type: ignore[no-any-return]
 
 
+def _state(state: keys.State | None, *, job_suspend: bool = True, **workers: Any) -> RayJob:
+    """A GPU job in raygate state `state` (None: one raygate never held), with its GPU group as given."""
+    job = RayJob().worker("gpu", **{"replicas": 2, "limits": {"nvidia.com/gpu": "1"}, **workers})
+    if state is not None:
+        job.held(state)
+    return job.suspend(job_suspend)
+
+
+def _admitted(**workers: Any) -> RayJob:
+    return _state(keys.State.ADMITTED, job_suspend=False, **workers)
+
+
+def _autoscaled(**workers: Any) -> RayJob:
+    return _admitted(**{"min_replicas": 0, "max_replicas": 4, **workers}).autoscaling()
+
+
 GUARDS = [
+    # --- held (Pending, Provisioning) ---
     Guard("user_unsuspends_held_job", _held().obj(), _held().suspend(False).obj(), False, says="unsuspend it"),
     Guard("user_unsuspends_job_in_provisioning_state", gpu_job().held(keys.State.PROVISIONING).obj(),
           gpu_job().held(keys.State.PROVISIONING).suspend(False).obj(), False, says="state Provisioning"),
+    Guard("user_removes_the_suspend_field_of_a_held_job", _held().obj(), _edit(_held().obj(), SUSPEND), False,
+          says="unsuspend it"),
     Guard("trusted_service_account_unsuspends_held_job", _held().obj(), _held().suspend(False).obj(), True,
           user=TRUSTED),
     Guard("configured_trusted_user_unsuspends_held_job", _held().obj(), _held().suspend(False).obj(), True,
           user="ops", cfg=RaygateConfig.model_validate({"trustedUsers": ["ops"]})),
     Guard("default_trusted_account_not_trusted_when_config_replaces_it", _held().obj(), _held().suspend(False).obj(),
           False, user=TRUSTED, says="unsuspend it", cfg=RaygateConfig.model_validate({"trustedUsers": ["ops"]})),
+    Guard("kuberay_operator_is_not_trusted_to_unsuspend", _held().obj(), _held().suspend(False).obj(), False,
+          user=OPERATOR, says="unsuspend it"),
     Guard("user_changes_state_label", _held().obj(), _held().label(keys.STATE_LABEL, "Admitted").obj(), False,
           says=f"change label {keys.STATE_LABEL}"),
     Guard("user_removes_state_label", _held().obj(), _edit(_held().obj(), STATE), False,
@@ -667,7 +805,10 @@ GUARDS = [
     Guard("user_changes_queue_label", _held().label(keys.KUEUE_QUEUE_LABEL, "a").obj(),
           _held().label(keys.KUEUE_QUEUE_LABEL, "b").obj(), False, says=keys.KUEUE_QUEUE_LABEL),
     Guard("user_adds_a_raygate_annotation", _held().obj(), _held().annotation(keys.REASON_ANNOTATION, "x").obj(),
-          False, says=f"change annotation {keys.REASON_ANNOTATION}"),
+          False, says=f"add annotation {keys.REASON_ANNOTATION}"),
+    Guard("user_changes_the_mode_annotation_to_kueue", _held().obj(),
+          _held().annotation(keys.MODE_ANNOTATION, "kueue").obj(), False,
+          says=f"change annotation {keys.MODE_ANNOTATION}"),
     Guard("user_removes_pod_group_annotation", _held_volcano(), _edit(_held_volcano(), POD_GROUP), False,
           says=f"remove annotation {keys.POD_GROUP_ANNOTATION}"),
     Guard("user_changes_template_group_name", _held_volcano(),
@@ -678,14 +819,78 @@ GUARDS = [
     Guard("user_adds_consume_annotation", _held().obj(),
           _edit(_held().obj(), p(*JOB_WORKER0, "metadata"), {"annotations": {keys.CONSUME_ANNOTATION: "pr"}}),
           False, says="scheduling metadata"),
+    Guard("user_adds_a_gpu_group_to_a_held_volcano_job", _held_volcano(),
+          _edit(_held_volcano(), p("spec", "rayClusterSpec", "workerGroupSpecs", 1), {
+              "groupName": "more", "replicas": 4, "template": pod_template(container(limits={"nvidia.com/gpu": "1"}))}),
+          False, says="change its pod sets in volcano mode"),
     Guard("user_edits_entrypoint_of_held_job", _held().obj(),
           _held().set("spec", "entrypoint", value="python other.py").obj(), True),
     Guard("user_adds_an_unrelated_label", _held().obj(), _held().label("team", "ml").obj(), True),
+    # Provisioning mode replaces the request when the pod sets change, so a held job may still be edited.
     Guard("user_adds_worker_group_to_held_provisioning_job", _held().obj(), _held().worker("more").obj(), True),
-    Guard("user_unsuspends_admitted_job", gpu_job().held(keys.State.ADMITTED).obj(),
-          gpu_job().held(keys.State.ADMITTED).suspend(False).obj(), True),
-    Guard("user_unsuspends_job_raygate_never_held", gpu_job().suspend(True).obj(), gpu_job().suspend(False).obj(),
+    Guard("user_grows_a_held_provisioning_job", _state(keys.State.PROVISIONING).obj(),
+          _state(keys.State.PROVISIONING, replicas=8).obj(), True),
+    # --- admitted: nothing may outgrow the booking ---
+    Guard("user_scales_an_admitted_gpu_group_up", _admitted().obj(), _admitted(replicas=20).obj(), False,
+          says="grow pod set gpu from 2 to 20 pods"),
+    Guard("user_raises_num_of_hosts", _admitted().obj(), _admitted(hosts=2).obj(), False,
+          says="grow pod set gpu from 2 to 4 pods"),
+    Guard("user_adds_a_gpu_group_to_an_admitted_job", _admitted().obj(),
+          _admitted().worker("more", replicas=1, limits={"nvidia.com/gpu": "8"}).obj(), False,
+          says="add pod set more with 1 pod requesting 8 nvidia.com/gpu"),
+    Guard("user_adds_gpus_to_a_cpu_group", _admitted().worker("cpu", requests={"cpu": "1"}).obj(),
+          _admitted().worker("cpu", requests={"cpu": "1"}, limits={"nvidia.com/gpu": "1"}).obj(), False,
+          says="add pod set cpu"),
+    Guard("user_raises_gpus_per_pod", _admitted().obj(), _admitted(limits={"nvidia.com/gpu": "4"}).obj(), False,
+          says="raise nvidia.com/gpu per pod of pod set gpu from 1 to 4"),
+    Guard("user_resumes_a_suspended_gpu_group", _admitted(suspend=True).obj(), _admitted(suspend=False).obj(),
+          False, says="add pod set gpu"),
+    Guard("user_renames_a_gpu_group", _admitted().obj(),
+          _admitted().set("spec", "rayClusterSpec", "workerGroupSpecs", 0, "groupName", value="other").obj(),
+          False, says="add pod set other"),
+    Guard("user_turns_on_autoscaling_with_a_higher_ceiling", _admitted(max_replicas=8).obj(),
+          _admitted(max_replicas=8).autoscaling().obj(), False, says="grow pod set gpu from 2 to 8 pods"),
+    Guard("user_raises_max_replicas_of_an_autoscaling_group", _autoscaled().obj(),
+          _autoscaled(max_replicas=40).obj(), False, says="grow pod set gpu from 4 to 40 pods"),
+    Guard("ray_autoscaler_scales_within_max_replicas", _autoscaled(replicas=1).obj(), _autoscaled(replicas=4).obj(),
           True),
+    Guard("user_scales_an_admitted_job_down", _admitted().obj(), _admitted(replicas=1).obj(), True),
+    Guard("user_grows_a_cpu_group_of_an_admitted_job", _admitted().worker("cpu", requests={"cpu": "1"}).obj(),
+          _admitted().worker("cpu", replicas=9, requests={"cpu": "1"}).obj(), True),
+    Guard("user_suspends_an_admitted_job", _admitted().obj(), _admitted().suspend(True).obj(), True),
+    Guard("user_unsuspends_an_admitted_job_they_suspended", _state(keys.State.ADMITTED).obj(),
+          _state(keys.State.ADMITTED, job_suspend=False).obj(), False, says="unsuspend it"),
+    Guard("user_relabels_admitted_as_pending", _admitted().obj(), _admitted().label(keys.STATE_LABEL, "Pending").obj(),
+          False, says=f"change label {keys.STATE_LABEL}"),
+    Guard("user_scales_kuberays_cluster_of_an_admitted_job", kuberay_child(),
+          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False,
+          says="grow pod set gpu from 2 to 20 pods"),
+    Guard("operator_scales_its_cluster_up_too", kuberay_child(),
+          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False, user=OPERATOR,
+          says="grow pod set gpu"),
+    # --- failed: only a restart, by relabelling ---
+    Guard("user_unsuspends_a_failed_job", _state(keys.State.FAILED).obj(),
+          _state(keys.State.FAILED, job_suspend=False).obj(), False, says="unsuspend it"),
+    Guard("user_relabels_a_failed_job_pending_to_start_over", _state(keys.State.FAILED).obj(),
+          _state(keys.State.FAILED).label(keys.STATE_LABEL, "Pending").obj(), True),
+    Guard("user_relabels_failed_as_admitted", _state(keys.State.FAILED).obj(),
+          _state(keys.State.FAILED).label(keys.STATE_LABEL, "Admitted").obj(), False,
+          says=f"change label {keys.STATE_LABEL}"),
+    Guard("user_relabels_pending_and_unsuspends_at_once", _state(keys.State.FAILED).obj(),
+          _state(keys.State.FAILED, job_suspend=False).label(keys.STATE_LABEL, "Pending").obj(), False,
+          says="unsuspend it"),
+    # --- never held by raygate (created before the namespace opted in) ---
+    Guard("user_unsuspends_job_raygate_never_held", _state(None).obj(), _state(None, job_suspend=False).obj(), False,
+          says="unsuspend it"),
+    Guard("user_labels_a_never_held_job_admitted", _state(None, job_suspend=False).obj(),
+          _state(None, job_suspend=False).label(keys.STATE_LABEL, "Admitted").obj(), False,
+          says=f"add label {keys.STATE_LABEL}"),
+    Guard("user_scales_a_never_held_job_up", _state(None, job_suspend=False).obj(),
+          _state(None, job_suspend=False, replicas=6).obj(), False, says="grow pod set gpu from 2 to 6 pods"),
+    Guard("user_turns_a_cluster_selector_job_into_a_gang", RayJob().without_cluster_spec().cluster_selector(
+          **{"ray.io/cluster": "x"}).obj(), gpu_job().obj(), False, says="add pod set gpu"),
+    Guard("kueue_mode_is_kueues_to_guard", _state(None).annotation(keys.MODE_ANNOTATION, "kueue").obj(),
+          _state(None, job_suspend=False).annotation(keys.MODE_ANNOTATION, "kueue").obj(), True),
 ]
 
 
@@ -695,10 +900,24 @@ def test_update_guard(case: Guard) -> None:
     assert d.allowed is case.allowed, d.message
     if not case.allowed:
         assert d.code == 403
-        assert d.message is not None
-        assert "waits for capacity" in d.message and "kubectl describe rayjob job -n team" in d.message
+        assert d.message is not None and "You may not" in d.message
         assert case.says is not None and case.says in d.message, d.message
     assert d.patch == []
+
+
+@pytest.mark.parametrize(("old", "words"), [
+    (_held().obj(), ["waits for capacity", "kubectl describe rayjob job -n team", "delete and re-create"]),
+    (_admitted().obj(), ["booked for it", "delete it and create it again"]),
+    (_state(keys.State.FAILED).obj(), ["gave up", "raygate.io/state=Pending --overwrite"]),
+    (_state(None).obj(), ["created before raygate gated namespace team", "create it again"]),
+])
+def test_each_state_says_what_the_user_can_do(old: dict[str, Any], words: list[str]) -> None:
+    new = json.loads(json.dumps(old))
+    new["metadata"].setdefault("labels", {})["raygate.io/extra"] = "x"
+    d = validate(request(new, operation="UPDATE", old=old), OPTED_IN, DEFAULT)
+    assert not d.allowed and d.message is not None
+    for w in words:
+        assert w in d.message, d.message
 
 
 def test_update_guard_quotes_the_reason_raygate_recorded() -> None:

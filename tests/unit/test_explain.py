@@ -14,6 +14,7 @@ from builders import RayCluster, RayJob
 
 from raygate import keys
 from raygate.cli import main
+from raygate.policy import KUBERAY_OPERATOR_USER
 
 
 def anchor_job() -> RayJob:
@@ -115,10 +116,29 @@ def test_fixed_field_is_reported_as_a_warning(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_left_alone_has_no_patch_and_no_gang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, result = explain_json(capsys, "-f", write(tmp_path, RayCluster("rc", "team").owned_by_rayjob().obj()))
+    child = RayCluster("rc", "team").owned_by_rayjob().label(keys.STATE_LABEL, "Admitted").obj()
+    code, result = explain_json(capsys, "-f", write(tmp_path, child), "--as", KUBERAY_OPERATOR_USER)
     assert code == 0
     assert (result["allowed"], result["patch"], result["gang"]) == (True, [], None)
     assert "belongs to a RayJob" in result["message"]
+
+
+def test_a_claimed_rayjob_parent_is_held_when_a_user_creates_it(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    child = RayCluster("rc", "team").owned_by_rayjob().label(keys.STATE_LABEL, "Admitted").obj()
+    code, result = explain_json(capsys, "-f", write(tmp_path, child))
+    assert code == 0 and {"op": "add", "path": "/spec/suspend", "value": True} in result["patch"]
+
+
+def test_autoscaling_shows_booked_pods_beside_volcanos_min_member(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    obj = (RayCluster("rc", "team").autoscaling()
+           .worker("gpu", replicas=3, min_replicas=1, max_replicas=6, limits={"nvidia.com/gpu": "1"}).obj())
+    assert main(["explain", "-f", write(tmp_path, obj)]) == 0
+    out = capsys.readouterr().out
+    assert "MIN MEMBER" in out and "MAX" in out
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("gpu "))
+    assert row[1] == "3" and row[-2:] == ["1", "6"]
 
 
 def test_kube_system_is_left_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,11 +196,15 @@ def test_create_of_any_ray_object_is_answered_with_a_patch_that_applies(
         assert all(not op["path"].startswith("/spec/rayClusterSpec/suspend") for op in first.patch)  # KubeRay's
         if cfg.defaults.mode is Mode.KUEUE:  # Kueue owns suspend: raygate neither writes it nor holds the job
             assert patched["spec"].get("suspend") == obj["spec"].get("suspend")
-            assert patched["metadata"].get("labels", {}).get(keys.STATE_LABEL) == \
-                obj["metadata"].get("labels", {}).get(keys.STATE_LABEL)
+            assert keys.STATE_LABEL not in patched["metadata"].get("labels", {})  # a user's is removed
         else:
             assert patched["spec"]["suspend"] is True
             assert patched["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
+        # Nothing a user wrote in raygate's name survives: no state of their choosing, no booking to consume.
+        written = {k for kind in ("labels", "annotations") for k in patched["metadata"].get(kind, {})
+                   if k.startswith(keys.DOMAIN + "/")}
+        assert written <= {keys.STATE_LABEL, keys.MODE_ANNOTATION, keys.POD_GROUP_ANNOTATION}
+        assert keys.CONSUME_ANNOTATION not in json.dumps(patched)
     if first.patch:
         patched = jsonpatch.apply_patch(obj, first.patch)
         again = run(orjson.dumps(review(patched)), mutate, cfg).decision

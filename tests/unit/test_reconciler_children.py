@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from raygate import keys
+from raygate.kube import JSON
 from raygate.policy import NamespacePolicy, merge_override
-from raygate.workload import Workload
+from raygate.workload import PodSet, Workload
 from reconciler import children, podgroup
 from reconciler.children import BadInput
 
@@ -41,6 +42,18 @@ def policy(**override: Any) -> NamespacePolicy:
     return merge_override(NamespacePolicy(), override)
 
 
+def pod_set(w: Workload, name: str) -> PodSet:
+    return next(p for p in w.gang().pod_sets if p.name == name)
+
+
+def gpu_sets(w: Workload) -> list[PodSet]:
+    return w.gang().managed_pod_sets(["nvidia.com/gpu"])
+
+
+def request_for(w: Workload, sets: list[PodSet], pol: NamespacePolicy, attempt: int, version: str) -> JSON:
+    return children.provisioning_request(w, sets, pol, attempt, version, children.fingerprint(w, sets))
+
+
 @pytest.mark.parametrize(("name", "pod_set", "attempt"), [
     ("train", "gpu", 1),
     ("a" * 63, "gpu", 12),
@@ -48,26 +61,63 @@ def policy(**override: Any) -> NamespacePolicy:
     ("x" * 40, "y" * 60, 100),
 ])
 def test_names_are_dns_labels_of_at_most_63(name: str, pod_set: str, attempt: int) -> None:
-    w = rayjob(name)
-    for n in (children.request_name(w, attempt), children.template_name(w, pod_set)):
+    w = rayjob(name, group(pod_set))
+    fp = children.fingerprint(w, gpu_sets(w))
+    for n in (children.request_name(w, attempt, fp), children.template_name(w, gpu_sets(w)[0])):
         assert len(n) <= 63
         assert n == n.lower() and not n.startswith("-") and not n.endswith("-")
         assert all(c.isalnum() or c == "-" for c in n)
-    assert children.request_name(w, attempt).endswith(f"-a{attempt}")
+    assert children.request_name(w, attempt, fp).endswith(f"-a{attempt}")
 
 
 def test_names_are_deterministic_and_differ_by_uid_attempt_and_pod_set() -> None:
     w, same, other = rayjob(uid="u1"), rayjob(uid="u1"), rayjob(uid="u2")
-    assert children.request_name(w, 1) == children.request_name(same, 1)
-    assert children.request_name(w, 1) != children.request_name(other, 1)
-    assert children.request_name(w, 1) != children.request_name(w, 2)
+    assert children.request_name(w, 1, "f") == children.request_name(same, 1, "f")
+    assert children.request_name(w, 1, "f") != children.request_name(other, 1, "f")
+    assert children.request_name(w, 1, "f") != children.request_name(w, 2, "f")
+    assert children.request_name(w, 1, "f") != children.request_name(w, 1, "g")  # other pod sets booked
     long_a, long_b = "g" * 40 + "a", "g" * 40 + "b"  # shorten to the same text
-    assert children.template_name(w, long_a) != children.template_name(w, long_b)
+    two = rayjob("train", group(long_a), group(long_b))
+    assert children.template_name(two, pod_set(two, long_a)) != children.template_name(two, pod_set(two, long_b))
+
+
+def test_fingerprint_follows_counts_and_templates_but_not_consume_annotations() -> None:
+    base = rayjob("train", group("gpu", replicas=2))
+    fp = children.fingerprint(base, gpu_sets(base))
+    more = rayjob("train", group("gpu", replicas=3))
+    assert children.fingerprint(more, gpu_sets(more)) != fp
+    other = group("gpu", replicas=2)
+    other["template"]["spec"]["nodeSelector"] = {"gpu": "h100"}
+    assert children.fingerprint(rayjob("train", other), gpu_sets(rayjob("train", other))) != fp
+    consumed = group("gpu", replicas=2)
+    consumed["template"]["metadata"]["annotations"][keys.CONSUME_ANNOTATION] = "x"
+    assert children.fingerprint(rayjob("train", consumed), gpu_sets(rayjob("train", consumed))) == fp
+
+
+def test_fingerprint_survives_what_a_typed_client_writes_back() -> None:
+    """KubeRay updates jobs through Go structs: nulls, empty objects and canonical quantities come back,
+    and an image or a command may change; none of it changes what is booked, so no request is replaced."""
+    base = rayjob("train", group("gpu", replicas=2, resources={"requests": {"cpu": "1000m"}, **GPU}))
+    echoed = group("gpu", replicas=2, resources={"requests": {"cpu": "1"}, **GPU})
+    echoed["template"]["metadata"]["creationTimestamp"] = None
+    echoed["template"]["spec"]["containers"][0].update({"image": "ray:other", "command": ["x"], "env": []})
+    echoed["template"]["spec"]["tolerations"] = []
+    fp = children.fingerprint(base, gpu_sets(base))
+    assert children.fingerprint(rayjob("train", echoed), gpu_sets(rayjob("train", echoed))) == fp
+    tolerates = group("gpu", replicas=2, resources={"requests": {"cpu": "1"}, **GPU})
+    tolerates["template"]["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    assert children.fingerprint(rayjob("train", tolerates), gpu_sets(rayjob("train", tolerates))) != fp
+
+
+def test_request_records_the_fingerprint_of_what_it_books() -> None:
+    w = rayjob()
+    pr = request_for(w, gpu_sets(w), policy(), 1, "v1")
+    assert pr["metadata"]["annotations"] == {keys.POD_SETS_ANNOTATION: children.fingerprint(w, gpu_sets(w))}
 
 
 def test_owner_reference_is_the_controlling_job() -> None:
     w = rayjob()
-    pt = children.pod_template(w, w.gang().managed_pod_sets(["nvidia.com/gpu"])[0])
+    pt = children.pod_template(w, gpu_sets(w)[0])
     assert pt["metadata"]["ownerReferences"] == [{
         "apiVersion": "ray.io/v1", "kind": "RayJob", "name": "train", "uid": "uid-1",
         "controller": True, "blockOwnerDeletion": True,
@@ -81,7 +131,7 @@ def test_pod_template_copies_the_template_without_a_consume_annotation() -> None
     g = group("gpu")
     g["template"]["metadata"]["annotations"][keys.CONSUME_ANNOTATION] = "old-request"
     w = rayjob("train", g)
-    pt = children.pod_template(w, w.gang().managed_pod_sets(["nvidia.com/gpu"])[0])
+    pt = children.pod_template(w, gpu_sets(w)[0])
     assert pt["template"]["metadata"]["annotations"] == {"keep": "me"}
     assert pt["template"]["spec"] == g["template"]["spec"]
     assert w.obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"][
@@ -96,13 +146,13 @@ def test_pod_template_copies_the_template_without_a_consume_annotation() -> None
 ])
 def test_request_counts_pods_of_gpu_sets_only(groups: list[dict[str, Any]], expected: list[tuple[str, int]]) -> None:
     w = rayjob("train", *groups)
-    sets = w.gang().managed_pod_sets(["nvidia.com/gpu"])
-    pr = children.provisioning_request(w, sets, policy(), 2, "v1")
+    sets = gpu_sets(w)
+    pr = request_for(w, sets, policy(), 2, "v1")
     assert pr["apiVersion"] == "autoscaling.x-k8s.io/v1"
-    assert pr["metadata"]["name"] == children.request_name(w, 2)
+    assert pr["metadata"]["name"] == children.request_name(w, 2, children.fingerprint(w, sets))
     assert pr["spec"]["provisioningClassName"] == keys.CHECK_CAPACITY_CLASS
     assert [(ps["podTemplateRef"]["name"], ps["count"]) for ps in pr["spec"]["podSets"]] == [
-        (children.template_name(w, n), c) for n, c in expected]
+        (children.template_name(w, pod_set(w, n)), c) for n, c in expected]
 
 
 @pytest.mark.parametrize(("config", "annotations", "expected"), [
@@ -114,8 +164,7 @@ def test_request_counts_pods_of_gpu_sets_only(groups: list[dict[str, Any]], expe
 def test_parameters_from_config_with_per_job_overrides(config: dict[str, str], annotations: dict[str, str],
                                                         expected: dict[str, str] | None) -> None:
     w = rayjob("train", annotations=annotations)
-    pr = children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]),
-                                       policy(provisioning={"parameters": config}), 1, "v1beta1")
+    pr = request_for(w, gpu_sets(w), policy(provisioning={"parameters": config}), 1, "v1beta1")
     assert pr["apiVersion"] == "autoscaling.x-k8s.io/v1beta1"
     assert pr["spec"].get("parameters") == expected
 
@@ -127,13 +176,13 @@ def test_parameters_from_config_with_per_job_overrides(config: dict[str, str], a
 def test_bad_parameter_overrides_are_refused_with_a_reason(annotations: dict[str, str], message: str) -> None:
     w = rayjob("train", annotations=annotations)
     with pytest.raises(BadInput, match=message):
-        children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), 1, "v1")
+        request_for(w, gpu_sets(w), policy(), 1, "v1")
 
 
 def test_more_than_32_pod_sets_is_refused() -> None:
     w = rayjob("train", *[group(f"g{i}") for i in range(33)])
     with pytest.raises(BadInput, match="at most 32"):
-        children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), 1, "v1")
+        request_for(w, gpu_sets(w), policy(), 1, "v1")
 
 
 @pytest.mark.parametrize(("text", "message"), [

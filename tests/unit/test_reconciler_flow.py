@@ -46,9 +46,19 @@ def policy(**override: Any) -> NamespacePolicy:
     return merge_override(NamespacePolicy(), {**base, **override})
 
 
+def rname(w: Workload, attempt: int) -> str:
+    """The name the reconciler gives attempt `attempt` of `w` as it is now."""
+    return flow.gang_of(w, policy()).request_name(w, attempt)
+
+
+def tname(w: Workload, pod_set: str) -> str:
+    return children.template_name(w, next(p for p in w.gang().pod_sets if p.name == pod_set))
+
+
 def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float = 5) -> dict[str, Any]:
     created = (NOW - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pr = children.provisioning_request(w, w.gang().managed_pod_sets(["nvidia.com/gpu"]), policy(), attempt, "v1")
+    gang = flow.gang_of(w, policy())
+    pr = children.provisioning_request(w, list(gang.managed), policy(), attempt, "v1", gang.fingerprint)
     pr["metadata"]["creationTimestamp"] = created
     pr["status"] = {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{t} says {r}"}
                                    for t, s, r in conds]}
@@ -62,7 +72,7 @@ def templates(w: Workload) -> tuple[dict[str, Any], ...]:
 def provisioning(attempt: int = 1, **extra: str) -> Workload:
     w = job()
     return job("Provisioning", annotations={keys.ATTEMPT_ANNOTATION: str(attempt),
-                                            keys.REQUEST_ANNOTATION: children.request_name(w, attempt), **extra})
+                                            keys.REQUEST_ANNOTATION: rname(w, attempt), **extra})
 
 
 def applied(w: Workload, plan: Plan) -> dict[str, Any]:
@@ -102,11 +112,11 @@ def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
     w = job()
     plan = flow.decide(w, Observed(), policy(), NOW)
     assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
-    assert plan.actions[0].obj["metadata"]["name"] == children.template_name(w, "gpu")  # type: ignore[union-attr]
+    assert plan.actions[0].obj["metadata"]["name"] == tname(w, "gpu")  # type: ignore[union-attr]
     pr = plan.actions[1].obj  # type: ignore[union-attr]
-    assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": children.template_name(w, "gpu")}, "count": 2}]
+    assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": tname(w, "gpu")}, "count": 2}]
     ann = applied(w, plan)["metadata"]["annotations"]
-    assert ann[keys.REQUEST_ANNOTATION] == children.request_name(w, 1) and ann[keys.ATTEMPT_ANNOTATION] == "1"
+    assert ann[keys.REQUEST_ANNOTATION] == rname(w, 1) and ann[keys.ATTEMPT_ANNOTATION] == "1"
     assert plan.requeue_after == 300
 
 
@@ -119,7 +129,7 @@ def test_patches_first_test_the_state_they_were_decided_on() -> None:
         {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Provisioning"},
         {"op": "test", "path": "/metadata/annotations/raygate.io~1attempt", "value": "2"},
         {"op": "test", "path": "/metadata/annotations/raygate.io~1provisioning-request",
-         "value": children.request_name(w, 2)},
+         "value": rname(w, 2)},
     )
     moved_on = json.loads(json.dumps(w.obj))
     moved_on["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] = "3"
@@ -160,7 +170,7 @@ def test_conditions_of_the_current_request(conds: tuple[tuple[str, str, str], ..
 
 def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
     w = provisioning()
-    name = children.request_name(w, 1)
+    name = rname(w, 1)
     obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
                    templates=templates(w))
     plan = flow.decide(w, obs, policy(), NOW)
@@ -179,13 +189,13 @@ def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
 @pytest.mark.parametrize(("attempt", "delay"), [(1, 10), (2, 15)])
 def test_failed_request_retries_under_a_new_name_after_backoff(attempt: int, delay: float) -> None:
     w = provisioning(attempt)
-    old = children.request_name(w, attempt)
+    old = rname(w, attempt)
     obs = Observed(requests=(request(w, attempt, ("Failed", "True", "OutOfQuota")),), templates=templates(w))
     plan = flow.decide(w, obs, policy(), NOW)
     assert kinds(plan) == ["patch retry", "event ProvisioningRetry", f"delete ProvisioningRequest {old}"]
     ann = applied(w, plan)["metadata"]["annotations"]
     assert ann[keys.ATTEMPT_ANNOTATION] == str(attempt + 1)
-    assert ann[keys.REQUEST_ANNOTATION] == children.request_name(w, attempt + 1)
+    assert ann[keys.REQUEST_ANNOTATION] == rname(w, attempt + 1)
     assert flow.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
     assert "OutOfQuota" in ann[keys.REASON_ANNOTATION]
     assert plan.requeue_after == delay
@@ -198,7 +208,7 @@ def test_backoff_waits_then_creates_the_next_attempt() -> None:
     assert waiting.actions == [] and waiting.requeue_after == 4
     later = flow.decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
     assert kinds(later) == ["create ProvisioningRequest"] and later.outcome == "retried"
-    assert later.actions[0].obj["metadata"]["name"] == children.request_name(w, 2)  # type: ignore[union-attr]
+    assert later.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
 
 def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> None:
@@ -206,8 +216,8 @@ def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> N
     pr = request(w, 3, ("Failed", "True", "OutOfQuota"))
     plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch fail", "event ProvisioningFailed",
-                           f"delete ProvisioningRequest {children.request_name(w, 3)}",
-                           f"delete PodTemplate {children.template_name(w, 'gpu')}"]
+                           f"delete ProvisioningRequest {rname(w, 3)}",
+                           f"delete PodTemplate {tname(w, 'gpu')}"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
@@ -247,22 +257,22 @@ def test_capacity_not_found_is_reported_once() -> None:
 def test_stale_requests_of_older_attempts_are_deleted() -> None:
     w = provisioning(2)
     obs = Observed(requests=(request(w, 1), request(w, 2)), templates=templates(w))
-    assert f"delete ProvisioningRequest {children.request_name(w, 1)}" in kinds(flow.decide(w, obs, policy(), NOW))
+    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(flow.decide(w, obs, policy(), NOW))
 
 
 @pytest.mark.parametrize("status", [{"jobDeploymentStatus": "Complete"}, {"jobDeploymentStatus": "Failed"}])
 def test_finished_job_frees_its_booking(status: dict[str, str]) -> None:
     w = job("Admitted", suspend=False, status=status,
-            annotations={keys.REQUEST_ANNOTATION: children.request_name(job(), 1)})
+            annotations={keys.REQUEST_ANNOTATION: rname(job(), 1)})
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
     assert sorted(kinds(flow.decide(w, obs, policy(), NOW))) == [
-        f"delete PodTemplate {children.template_name(w, 'gpu')}",
-        f"delete ProvisioningRequest {children.request_name(w, 1)}"]
+        f"delete PodTemplate {tname(w, 'gpu')}",
+        f"delete ProvisioningRequest {rname(w, 1)}"]
 
 
 def admitted_with_revoked() -> tuple[Workload, Observed]:
     w = job("Admitted", suspend=False, annotations={keys.ATTEMPT_ANNOTATION: "1",
-                                                    keys.REQUEST_ANNOTATION: children.request_name(job(), 1)})
+                                                    keys.REQUEST_ANNOTATION: rname(job(), 1)})
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("CapacityRevoked", "True", "R"))
     return w, Observed(requests=(pr,), templates=templates(w))
 
@@ -278,12 +288,12 @@ def test_capacity_revoked_requeue_suspends_and_asks_again() -> None:
     w, obs = admitted_with_revoked()
     plan = flow.decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
     assert kinds(plan) == ["patch requeue", "event CapacityRevoked",
-                           f"delete ProvisioningRequest {children.request_name(w, 1)}"]
+                           f"delete ProvisioningRequest {rname(w, 1)}"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
     requeued = Workload(after)
     nxt = flow.decide(requeued, Observed(templates=obs.templates), policy(), NOW)
-    assert nxt.actions[0].obj["metadata"]["name"] == children.request_name(w, 2)  # type: ignore[union-attr]
+    assert nxt.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
 
 def volcano_job(queue_open: bool | None, provision: bool = False) -> tuple[Workload, Observed, NamespacePolicy]:
@@ -342,3 +352,102 @@ def test_too_many_gpu_pod_sets_fail_the_job() -> None:
 def test_kueue_mode_is_left_to_kueue() -> None:
     w = job(annotations={keys.MODE_ANNOTATION: "kueue"})
     assert flow.decide(w, Observed(), policy(), NOW).actions == []
+
+
+# --- the gate holds: the booking matches what will run -------------------------------------------
+
+def grown(w: Workload, workers: int) -> Workload:
+    """`w` with its GPU group resized, as a user's edit while it is held would leave it."""
+    obj = json.loads(json.dumps(w.obj))
+    obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = workers
+    return Workload(obj)
+
+
+def test_pod_sets_changed_while_provisioning_replace_the_request_in_the_same_attempt() -> None:
+    w = provisioning(2)
+    old_request, old_templates = request(w, 2), templates(w)
+    bigger = grown(w, 5)
+    plan = flow.decide(bigger, Observed(requests=(old_request,), templates=old_templates), policy(), NOW)
+    assert plan.outcome == "replaced"
+    assert kinds(plan) == ["delete ProvisioningRequest " + rname(w, 2), "create ProvisioningRequest",
+                           "patch provisioning", "event PodSetsChanged"]
+    new_request = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "ProvisioningRequest")
+    assert new_request["spec"]["podSets"][0]["count"] == 5
+    ann = applied(bigger, plan)["metadata"]["annotations"]
+    assert (ann[keys.ATTEMPT_ANNOTATION], ann[keys.REQUEST_ANNOTATION]) == ("2", rname(bigger, 2))
+
+
+def test_template_changed_while_provisioning_replaces_the_template_too() -> None:
+    w = provisioning()
+    obj = json.loads(json.dumps(w.obj))
+    obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"gpu": "h100"}
+    edited = Workload(obj)
+    plan = flow.decide(edited, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    assert kinds(plan)[:4] == ["delete ProvisioningRequest " + rname(w, 1), "create PodTemplate",
+                               "delete PodTemplate " + tname(w, "gpu"), "create ProvisioningRequest"]
+    created = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodTemplate")
+    assert created["template"]["spec"]["nodeSelector"] == {"gpu": "h100"}
+
+
+def test_a_provisioned_request_for_other_pod_sets_never_admits() -> None:
+    w = provisioning()
+    booked_for_two = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    bigger = grown(w, 8)  # grew after the request was made, before it was Provisioned
+    plan = flow.decide(bigger, Observed(requests=(booked_for_two,), templates=templates(w)), policy(), NOW)
+    assert "patch admit" not in kinds(plan)
+    assert applied(bigger, plan)["spec"]["suspend"] is True
+
+
+def test_request_recording_other_pod_sets_is_replaced_even_under_the_current_name() -> None:
+    w = provisioning()
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    pr["metadata"]["annotations"][keys.POD_SETS_ANNOTATION] = "something-else"
+    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert "patch admit" not in kinds(plan) and plan.outcome != "admitted"
+
+
+def test_autoscaling_books_the_replicas_kuberay_starts() -> None:
+    obj = json.loads(json.dumps(job().obj))
+    spec = obj["spec"]["rayClusterSpec"]
+    spec["enableInTreeAutoscaling"] = True
+    spec["workerGroupSpecs"][0].update({"minReplicas": 0, "replicas": 10, "maxReplicas": 20})
+    plan = flow.decide(Workload(obj), Observed(), policy(), NOW)
+    pr = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "ProvisioningRequest")
+    assert pr["spec"]["podSets"][0]["count"] == 10
+
+
+def test_job_kuberay_refused_fails_for_good_and_frees_its_booking() -> None:
+    w = job("Provisioning", status={"jobDeploymentStatus": "ValidationFailed", "message": "spec is invalid: x"},
+            annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
+    plan = flow.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    assert kinds(plan)[:2] == ["patch fail", "event RejectedByKubeRay"]
+    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(plan)
+    after = applied(w, plan)
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    assert "spec is invalid: x" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    event = next(a for a in plan.actions if isinstance(a, Emit))
+    assert "create it again" in event.message and "--overwrite" not in event.message
+    again = flow.decide(Workload(after), Observed(), policy(), NOW)
+    assert again.actions == []  # failed once, and it stays so
+
+
+def test_admitted_job_a_user_suspended_waits_for_capacity_again() -> None:
+    w = job("Admitted", suspend=True,
+            annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
+    plan = flow.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    assert kinds(plan) == ["patch requeue", "event Requeued", f"delete ProvisioningRequest {rname(w, 1)}"]
+    after = applied(w, plan)
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending" and after["spec"]["suspend"] is True
+    nxt = flow.decide(Workload(after), Observed(templates=templates(w)), policy(), NOW)
+    assert [a.obj["metadata"]["name"] for a in nxt.actions if isinstance(a, Create)] == [rname(w, 2)]
+
+
+@pytest.mark.parametrize("now_mode", [{"mode": "kueue"}, {"mode": "kueue", "provisioning": {"enabled": False}}])
+def test_held_job_finishes_under_the_mode_it_was_held_with(now_mode: dict[str, Any]) -> None:
+    w = job()  # held in provisioning mode; the namespace moved to kueue since
+    plan = flow.decide(w, Observed(), policy(**now_mode), NOW)
+    assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
+    admitted = flow.decide(provisioning(), Observed(requests=(request(w, 1, ("Accepted", "True", "A"),
+                                                                        ("Provisioned", "True", "P")),),
+                                                    templates=templates(w)), policy(**now_mode), NOW)
+    assert admitted.outcome == "admitted"

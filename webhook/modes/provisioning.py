@@ -9,6 +9,12 @@ from webhook.patch import PatchBuilder
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    if not policy.provisions:
+        return []
+    managed = gang.managed_pod_sets(policy.managed_resources)
+    if len(managed) > keys.PROVREQ_MAX_POD_SETS:
+        return [f"{len(managed)} pod sets request {', '.join(policy.managed_resources)}, but one "
+                f"ProvisioningRequest books at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"]
     return []
 
 

@@ -20,6 +20,8 @@ DEFAULT_QUEUE = "default"  # Volcano's built-in queue
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+    if problems := provisioning.refusals(w, policy, gang):
+        return problems
     if not get(w.obj, ("metadata", "name")):
         # With generateName the name is chosen after admission, so the PodGroup name written into
         # every pod template (ray-<name>-pg) cannot be known here.
