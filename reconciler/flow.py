@@ -27,6 +27,7 @@ from webhook.patch import PatchBuilder, PatchOp, pointer
 
 QUEUE_RECHECK_SECONDS = 10.0
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
+GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
 
 
 def _annotation(key: str) -> tuple[str, ...]:
@@ -362,8 +363,17 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
 
 def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy, gang: Gang,
            now: dt.datetime) -> Plan:
-    """One patch: consume annotations on the booked pod templates, unsuspend, state Admitted."""
+    """One patch: consume annotations on the booked pod templates, unsuspend, state Admitted.
+
+    It also tests the spec's generation (bumped by spec edits, not by status writes): a user who grows
+    a held job between this decision and the patch must not have it unsuspended on the booking made
+    for its old size. (Only here: KubeRay's own first update of a new job bumps it too, and the
+    earlier patches unsuspend nothing; a request made for an older spec is replaced before admission.)
+    """
     b = _builder(w)
+    generation = get(w.obj, GENERATION_PATH)
+    if generation is not None:
+        b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
     if request is not None:
         for p in gang.managed:
             if p.template_path is None:

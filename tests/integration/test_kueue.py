@@ -166,17 +166,28 @@ def test_a_job_queued_in_kueue_is_still_admitted_by_kueue_after_the_namespace_le
 ) -> None:
     """A mode change strands no job: one Kueue queued stays Kueue's (its raygate.io/mode says kueue), and raygate
     lets Kueue unsuspend it; jobs created after the change are held by raygate."""
-    assert create(cluster, gpu_job("blocker", team, gpus_per_worker=QUOTA_GPUS // 2).obj()).returncode == 0
-    wait(lambda: (j := get(cluster, "rayjob", "blocker", team)) and not j["spec"].get("suspend"), 60,
-         "Kueue admitting the job that takes the whole quota")
-    assert create(cluster, gpu_job("queued", team).obj()).returncode == 0
-    wait(lambda: (w := workload_of(cluster, "queued", team)) and (c := condition(w, "QuotaReserved"))
-         and c["status"] == "False", 60, "Kueue queueing the second job")
-    set_config(cluster, KUEUE_CONFIG + f"namespaces:\n  {team}:\n    mode: provisioning\n")
-    version = kubectl(cluster, "get", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "-o",
-                      "jsonpath={.metadata.resourceVersion}").stdout.strip()
-    stack.wait_config_version(version)
+    # A queue of its own with room for one 2-GPU job, so other tests' jobs (deleted namespaces are
+    # collected asynchronously) cannot take its quota.
+    apply(cluster,
+          {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": f"cq-{team}"},
+           "spec": {"namespaceSelector": {}, "resourceGroups": [{
+               "coveredResources": ["cpu", "memory", GPU], "flavors": [{"name": "default-flavor", "resources": [
+                   {"name": "cpu", "nominalQuota": "64"}, {"name": "memory", "nominalQuota": "256Gi"},
+                   {"name": GPU, "nominalQuota": "2"}]}]}]}},
+          {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+           "metadata": {"name": "switch-lq", "namespace": team}, "spec": {"clusterQueue": f"cq-{team}"}})
+    own_queue = KUEUE_CONFIG + f"namespaces:\n  {team}:\n    queueName: switch-lq\n"
+    set_config(cluster, own_queue)
+    stack.wait_config_version(config_version(cluster))
     try:
+        assert create(cluster, gpu_job("blocker", team).obj()).returncode == 0
+        wait(lambda: (j := get(cluster, "rayjob", "blocker", team)) and not j["spec"].get("suspend"), 60,
+             "Kueue admitting the job that takes the whole quota")
+        assert create(cluster, gpu_job("queued", team).obj()).returncode == 0
+        wait(lambda: (w := workload_of(cluster, "queued", team)) and (c := condition(w, "QuotaReserved"))
+             and c["status"] == "False", 60, "Kueue queueing the second job")
+        set_config(cluster, own_queue + "    mode: provisioning\n")
+        stack.wait_config_version(config_version(cluster))
         after = json.loads(create(cluster, gpu_job("after", team).obj()).stdout)
         assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending" and after["spec"]["suspend"] is True
         assert kubectl(cluster, "delete", "rayjob", "blocker", "-n", team).returncode == 0
@@ -188,3 +199,9 @@ def test_a_job_queued_in_kueue_is_still_admitted_by_kueue_after_the_namespace_le
         assert child["spec"].get("suspend") is not True  # KubeRay's own cluster of a Kueue job: left alone
     finally:
         set_config(cluster, KUEUE_CONFIG)
+        kubectl(cluster, "delete", "clusterqueue", f"cq-{team}", "--ignore-not-found", "--wait=false")
+
+
+def config_version(cluster: ControlPlane) -> str:
+    return kubectl(cluster, "get", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "-o",
+                   "jsonpath={.metadata.resourceVersion}").stdout.strip()

@@ -25,7 +25,7 @@ def job(state: str = "Pending", *, gpu: bool = True, annotations: dict[str, str]
         suspend: bool = True, status: dict[str, Any] | None = None, workers: int = 2) -> Workload:
     return Workload({
         "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": "train", "namespace": "ns", "uid": "u1", "resourceVersion": "41",
+        "metadata": {"name": "train", "namespace": "ns", "uid": "u1", "resourceVersion": "41", "generation": 3,
                      "creationTimestamp": "2030-01-01T11:59:00Z",
                      "labels": {keys.STATE_LABEL: state},
                      "annotations": {keys.MODE_ANNOTATION: "provisioning", **(annotations or {})}},
@@ -125,16 +125,23 @@ def test_patches_first_test_the_state_they_were_decided_on() -> None:
     pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     patch = next(a for a in plan.actions if isinstance(a, PatchJob))
-    assert patch.ops[:3] == (
+    assert patch.step == "admit" and patch.ops[:4] == (
         {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Provisioning"},
         {"op": "test", "path": "/metadata/annotations/raygate.io~1attempt", "value": "2"},
         {"op": "test", "path": "/metadata/annotations/raygate.io~1provisioning-request",
          "value": rname(w, 2)},
+        {"op": "test", "path": "/metadata/generation", "value": 3},  # admission only: spec as decided on
     )
     moved_on = json.loads(json.dumps(w.obj))
     moved_on["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] = "3"
     with pytest.raises(jsonpatch.JsonPatchTestFailed):
         jsonpatch.apply_patch(moved_on, list(patch.ops))
+    # A user grew the job after the decision: the admission made for the old size must not apply.
+    grown_since = json.loads(json.dumps(w.obj))
+    grown_since["metadata"]["generation"] = 4
+    grown_since["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] = 20
+    with pytest.raises(jsonpatch.JsonPatchTestFailed):
+        jsonpatch.apply_patch(grown_since, list(patch.ops))
 
 
 def test_replay_after_a_crash_creates_only_what_is_missing() -> None:
