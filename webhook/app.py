@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import InternalServerError
+from werkzeug.exceptions import InternalServerError, RequestEntityTooLarge
 
 from webhook import metrics
 from webhook.decision import Decide, mutate, validate
 from webhook.handler import answer
+from webhook.limits import BodyLimits
 from webhook.review import kind_of, username
 from webhook.state import WebhookState
 
@@ -50,7 +51,7 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[b
             metrics.BAD_REQUESTS.inc()
             return result.status, result.body
         kind = kind_of(req)
-        reviews.inc(kind, d.mode.value if d.mode else "", d.outcome)
+        reviews.inc(metrics.kind_label(kind), d.mode.value if d.mode else "", d.outcome)
         # A refusal is what someone comes asking about: info. Every other decision is at debug, as
         # routine per-request lines are in Kubernetes components: the object (state label, mode
         # annotation, Events) and the API server's audit log record each admission anyway, and at
@@ -72,7 +73,6 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[b
 
 _STATUS_LINES = {200: "200 OK", 400: "400 BAD REQUEST"}  # werkzeug's spelling, as Flask sends it
 
-
 class _FastReviews:
     """WSGI middleware answering `POST /mutate` and `POST /validate` without Flask.
 
@@ -81,10 +81,12 @@ class _FastReviews:
     else, including every other route and method, is passed to Flask's own WSGI app.
     """
 
-    def __init__(self, app: Flask, flask_wsgi: WSGIApp, routes: dict[str, Callable[[bytes], tuple[int, bytes]]]):
+    def __init__(self, app: Flask, flask_wsgi: WSGIApp, routes: dict[str, Callable[[bytes], tuple[int, bytes]]],
+                 limits: BodyLimits) -> None:
         self.app = app
         self.flask_wsgi = flask_wsgi
         self.routes = routes
+        self.limits = limits
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         review = self.routes.get(environ.get("PATH_INFO", ""))
@@ -92,10 +94,17 @@ class _FastReviews:
         if (review is None or environ.get("REQUEST_METHOD") != "POST" or environ.get("SCRIPT_NAME")
                 or not length or not length.isdigit() or environ.get("HTTP_TRANSFER_ENCODING")):
             return self.flask_wsgi(environ, start_response)
+        n = int(length)
+        if self.limits.too_large(n):
+            # Refused unread; closing the connection spares reading the rest just to find the next request.
+            out = self.limits.refusal(n)
+            start_response("413 REQUEST ENTITY TOO LARGE", [("Content-Type", JSON_TYPE),
+                                                            ("Content-Length", str(len(out))), ("Connection", "close")])
+            return [out]
         try:
-            n = int(length)
-            body = environ["wsgi.input"].read(n) if n else b""
-            status, out = review(body)
+            with self.limits.reading(n):
+                body = environ["wsgi.input"].read(n) if n else b""
+                status, out = review(body)
         except Exception:
             if self.app.config.get("PROPAGATE_EXCEPTIONS"):
                 raise
@@ -112,13 +121,28 @@ def _reason(status: int) -> str:
     return HTTP_STATUS_CODES.get(status, "UNKNOWN").upper()
 
 
-def create_app(state: WebhookState) -> Flask:
+def create_app(state: WebhookState, limits: BodyLimits | None = None) -> Flask:
     app = Flask("raygate-webhook")
+    limits = limits or BodyLimits()
+    # Flask's own routes see the bodies the fast path passes on (chunked ones): werkzeug stops reading
+    # past this and answers 413.
+    app.config["MAX_CONTENT_LENGTH"] = limits.max_body
     reviewers = {"/mutate": _reviewer(state, "mutate", mutate), "/validate": _reviewer(state, "validate", validate)}
 
     def review(path: str) -> Response:
-        status, body = reviewers[path](request.get_data())
+        with limits.reading(request.content_length):
+            # Not get_data(): past MAX_CONTENT_LENGTH werkzeug's stream stops at the limit and returns a
+            # cut body; it raises 413 only when asked for more, so ask.
+            data = request.stream.read()
+            if len(data) >= limits.max_body and request.stream.read(1):
+                raise RequestEntityTooLarge()
+            status, body = reviewers[path](data)
         return Response(body, status=status, mimetype=JSON_TYPE)
+
+    @app.errorhandler(413)
+    def too_large(err: Exception) -> Response:
+        return Response(limits.refusal(request.content_length), status=413, mimetype=JSON_TYPE,
+                        headers={"Connection": "close"})
 
     @app.post("/mutate")
     def mutate_route() -> Response:
@@ -146,5 +170,5 @@ def create_app(state: WebhookState) -> Flask:
         body, content_type = metrics.exposition()
         return Response(body, content_type=content_type)
 
-    app.wsgi_app = _FastReviews(app, app.wsgi_app, reviewers)  # type: ignore[method-assign]
+    app.wsgi_app = _FastReviews(app, app.wsgi_app, reviewers, limits)  # type: ignore[method-assign]
     return app

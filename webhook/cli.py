@@ -8,6 +8,7 @@ from pathlib import Path
 
 from raygate import keys
 from raygate.errors import RaygateError
+from webhook.limits import DEFAULT_MAX_BODY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,9 +28,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--namespace", default=os.environ.get("POD_NAMESPACE", keys.SYSTEM_NAMESPACE),
         help="namespace of the raygate-config ConfigMap (default: $POD_NAMESPACE or %(default)s)",
     )
+    p.add_argument("--max-request-bytes", type=_positive, default=DEFAULT_MAX_BODY,
+                   help="larger review bodies are refused with 413, unread (default: %(default)s)")
     p.add_argument("--worker-tmp-dir", default=None, help="writable directory for worker heartbeats and metrics")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of bytes, not {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         ServerOptions(
             cert_file=args.tls_cert_file, key_file=args.tls_key_file, bind=args.bind, port=args.port,
             workers=args.workers, threads=args.threads, kubeconfig=args.kubeconfig, namespace=args.namespace,
-            log_level=args.log_level, worker_tmp_dir=args.worker_tmp_dir,
+            log_level=args.log_level, worker_tmp_dir=args.worker_tmp_dir, max_request_bytes=args.max_request_bytes,
         )
     )
     return 0

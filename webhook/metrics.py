@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
+from raygate import keys
+
 REVIEWS = Counter(
     "raygate_webhook_reviews_total",
     "AdmissionReviews answered, by endpoint, kind, mode and outcome.",
@@ -34,6 +36,15 @@ CONFIG_VALID = Gauge(
     "raygate_config_valid", "1 when the newest ConfigMap version is in force, 0 when it was rejected.",
     multiprocess_mode="min",
 )
+
+
+# Label values come from a fixed set, whatever a client sends: a series per made-up kind would
+# grow /metrics (and each worker's memory) without bound.
+KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
+
+
+def kind_label(kind: str) -> str:
+    return kind if kind in KINDS else "other"
 
 
 def exposition() -> tuple[bytes, str]:

@@ -16,6 +16,7 @@ from gunicorn.app.base import BaseApplication
 
 from certs.reload import gunicorn_ssl_context
 from raygate import logs
+from webhook.limits import DEFAULT_MAX_BODY, BodyLimits
 
 log = logging.getLogger("raygate.webhook")
 
@@ -32,6 +33,7 @@ class ServerOptions:
     namespace: str = "raygate-system"
     log_level: str = "info"
     worker_tmp_dir: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_BODY
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -81,7 +83,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         # Load the certificate now, so /readyz reflects it and a bad one fails the worker at start.
         self.cfg.ssl_context(self.cfg, None)
         state.certificate_loaded.set()
-        app = create_app(state)
+        app = create_app(state, BodyLimits(self.options.max_request_bytes))
         # What is loaded now lives as long as the worker: freezing it keeps the cyclic collector from
         # walking it again, so a full collection during a review stays short (it showed in the p99).
         gc.collect()

@@ -94,3 +94,15 @@ def test_health_readiness_and_metrics(client: FlaskClient, state: WebhookState) 
 def test_readyz_names_the_config_version_in_force(client: FlaskClient, state: WebhookState) -> None:
     state.config_source.seen_version = "42"
     assert client.get("/readyz").headers["X-Raygate-Config-Version"] == "42"
+
+
+def test_metric_labels_come_from_a_fixed_set_whatever_a_client_sends(client: FlaskClient) -> None:
+    from webhook import metrics
+
+    for i in range(20):
+        made_up = {"apiVersion": "ray.io/v1", "kind": f"Kind{i}", "metadata": {"name": "x", "namespace": "team"}}
+        body = review(made_up, uid=f"u{i}")
+        body["request"]["kind"]["kind"] = f"Kind{i}"
+        assert client.post("/mutate", data=orjson.dumps(body)).status_code == 200
+    text = metrics.exposition()[0].decode()
+    assert 'kind="other"' in text and "Kind1" not in text

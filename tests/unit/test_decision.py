@@ -565,6 +565,16 @@ REFUSALS = [
     Refusal("bad_quantity_names_its_full_path", RayJob().worker("w", requests={"cpu": "lots"}).obj(),
             "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].resources.requests.cpu: "
             "'lots' is not a quantity"),
+    Refusal("quantity_that_overflows_names_its_field", RayJob().worker("w", limits={"nvidia.com/gpu": "1e+99999999999"})
+            .obj(), "workerGroupSpecs[0].template.spec.containers[0].resources.limits.nvidia.com/gpu: "
+            "'1e+99999999999' is out of range"),
+    Refusal("quantity_with_absurd_digits", RayJob().worker("w", requests={"cpu": "9" * 5000}).obj(),
+            "longer than 64 characters"),
+    Refusal("negative_quantity", RayJob().worker("w", limits={"nvidia.com/gpu": "-4"}).obj(), "'-4' is negative"),
+    Refusal("labels_that_are_not_an_object", RayJob().set("metadata", "labels", value=["a"]).obj(),
+            "metadata.labels must be an object"),
+    Refusal("annotations_that_are_not_an_object", RayJob().set("metadata", "annotations", value="x").obj(),
+            "metadata.annotations must be an object"),
     Refusal("container_that_is_not_an_object", RayJob().worker("w").set(
             "spec", "rayClusterSpec", "workerGroupSpecs", 0, "template", "spec", "containers", value=["gpu"]).obj(),
             "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0] must be an object"),

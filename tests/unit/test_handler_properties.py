@@ -282,3 +282,24 @@ def test_a_failing_namespace_cache_denies_instead_of_raising() -> None:
             "message": result.decision.message if result.decision else "",
         },
     }
+
+
+@SETTINGS
+@given(seed=st.integers(min_value=0, max_value=2**32), cfg=configs())
+def test_damaged_reviews_of_the_fuzz_command_never_make_an_internal_error(seed: int, cfg: RaygateConfig) -> None:
+    """The fuzz run's damage (`make fuzz` sends 100,000 of them to the served webhook), in miniature: every
+    answer is a 400 or a well-formed review echoing the uid, no decision is an internal error, patches apply."""
+    import random
+
+    from benchmarks.fuzz import _bases, damage
+
+    body, sent = damage(random.Random(seed), _bases(), f"uid-{seed}")
+    for decide in (mutate, validate):
+        result = run(body, decide, cfg)
+        if result.status == 400:
+            continue
+        resp = check_answer(result, body)
+        assert resp is not None and result.decision is not None
+        assert result.decision.outcome != "error", result.decision.message
+        if resp.get("patch") and sent is not None:
+            jsonpatch.apply_patch(sent["request"]["object"], orjson.loads(base64.b64decode(resp["patch"])))

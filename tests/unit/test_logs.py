@@ -55,3 +55,37 @@ def test_values_json_cannot_hold_are_written_as_text(captured: io.StringIO) -> N
     logging.getLogger("raygate").warning("odd", extra={"path": logs})
     [line] = lines(captured)
     assert "raygate.logs" in str(line["path"])
+
+
+class _Unprintable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def _deep(levels: int) -> list[object]:
+    top: list[object] = []
+    cur = top
+    for _ in range(levels):
+        nxt: list[object] = []
+        cur.append(nxt)
+        cur = nxt
+    return top
+
+
+def test_no_line_is_lost_on_deep_or_odd_values(captured: io.StringIO) -> None:
+    cycle: dict[str, object] = {}
+    cycle["self"] = cycle
+    log = logging.getLogger("raygate.webhook")
+    log.warning("odd", extra={"deep": _deep(5000), "cycle": cycle, "big": 10**40, "bad": _Unprintable(),
+                              "keys": {(1, 2): "tuple key"}, "kept": "plain"})
+    [first] = lines(captured)
+    assert first["msg"] == "odd" and first["kept"] == "plain" and first["bad"] == "<unprintable _Unprintable>"
+    assert "10000000000" in str(first["big"]) and "self" in str(first["cycle"])
+    bad_format = logging.makeLogRecord({"msg": "a %d that does not format", "args": ("text",), "levelname": "INFO"})
+    assert "unformattable" in str(orjson.loads(logs.JsonFormatter().format(bad_format))["msg"])
+
+
+def test_huge_values_are_cut_to_a_bounded_line(captured: io.StringIO) -> None:
+    logging.getLogger("raygate.webhook").info("x" * 100_000, extra={"reason": "y" * 100_000})
+    [line] = lines(captured)
+    assert len(str(line["msg"])) < logs.MAX_FIELD + 100 and "more characters" in str(line["reason"])
