@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import orjson
 
-# The largest object etcd stores is 1.5 MiB, and a review carries it twice (object and oldObject).
-DEFAULT_MAX_BODY = 8 * 1024 * 1024
+# The largest object etcd stores is 1.5 MiB and the API server takes request bodies of up to 3 MiB; a
+# review carries the object twice (object and oldObject). Twice that again leaves room to spare.
+DEFAULT_MAX_BODY = 6 * 1024 * 1024
 # A body this large (no real RayJob comes close) is read and parsed by one thread of a worker at a
-# time: an 8 MiB review takes about 60 MB once parsed, so several at once could exhaust the pod.
+# time: a 6 MiB review takes about 45 MB once parsed, so several at once could exhaust the pod.
 LARGE_BODY = 1024 * 1024
 
 
