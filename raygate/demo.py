@@ -1,9 +1,10 @@
 """`raygate demo`: the scenario from MCAD's, Volcano's and Kueue's own guides, on a local control plane.
 
-Two GPU RayJobs compete for capacity that fits one of them. A stand-in for cluster-autoscaler
-(raygate.devenv.capacity, answering ProvisioningRequests like the check-capacity class) owns a
-fixed number of GPUs. The first job is admitted and KubeRay creates its pods; the second is held,
-suspended, with no pods at all; deleting the first frees the capacity and the second is admitted.
+Two GPU RayJobs compete for capacity that fits one of them: the real cluster-autoscaler (kwok
+provider) may grow a GPU node group to one node's worth. The first job's ProvisioningRequest makes
+it add a node, raygate unsuspends the job, kube-scheduler binds its pods to that node and they run;
+the second is held, suspended, with no pods at all and the autoscaler's own reason; deleting the
+first frees the node and the second gets it and runs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ JOBS = ("train-a", "train-b")
 WORKERS = 2
 GPUS_PER_WORKER = 2
 GPUS_PER_JOB = WORKERS * GPUS_PER_WORKER
+GPUS_PER_NODE = 4
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,8 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     demo.add_argument("--dir", type=Path, default=default_dir(), help="state directory (default: .dev)")
     demo.add_argument(
-        "--gpus", type=int, default=GPUS_PER_JOB,
-        help=f"GPUs the capacity stand-in offers (default {GPUS_PER_JOB}: room for one job)",
+        "--gpu-nodes", type=int, default=1,
+        help=f"largest size of the GPU node group, {GPUS_PER_NODE} GPUs a node (default 1: room for one job)",
     )
     demo.add_argument("--down", action="store_true", help="tear the control plane down at the end")
     demo.add_argument("--timeout", type=float, default=180, help="seconds to wait for each step (default 180)")
@@ -89,21 +91,25 @@ class Timeline:
     """Prints what a user would see with kubectl, but only when it changes."""
 
     kube: Any
+    logs: Path
     start: float = field(default_factory=time.monotonic)
     seen: dict[str, str] = field(default_factory=dict)
     seen_events: set[str] = field(default_factory=set)
+    uids: set[str] = field(default_factory=set)  # this run's jobs: Events of an earlier run's stay hidden
     _prs: list[dict[str, Any]] = field(default_factory=list)
+    _nodes: list[dict[str, Any]] = field(default_factory=list)
 
     def say(self, subject: str, text: str) -> None:
         print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        from raygate.kube import PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
+        from raygate.kube import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
 
         jobs = {j["metadata"]["name"]: j for j in self.kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]}
         clusters = self.kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
         pods = self.kube.list(PODS, DEMO_NAMESPACE)["items"]
         requests = self.kube.list(provisioning_requests("v1"), DEMO_NAMESPACE)["items"]
+        self._nodes = self.kube.list(NODES)["items"]
         out: dict[str, dict[str, Any]] = {}
         for name in JOBS:
             job = jobs.get(name)
@@ -111,14 +117,17 @@ class Timeline:
                 out[name] = {"exists": False}
                 continue
             meta = job["metadata"]
+            self.uids.add(meta["uid"])
             owned = [c["metadata"]["name"] for c in clusters
                      if (c["metadata"].get("labels") or {}).get(keys.ORIGINATED_FROM_NAME_LABEL) == name]
-            pod_count = sum(1 for p in pods if (p["metadata"].get("labels") or {}).get(keys.RAY_CLUSTER_LABEL) in owned)
+            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(keys.RAY_CLUSTER_LABEL) in owned]
             out[name] = {
                 "exists": True,
                 "state": (meta.get("labels") or {}).get(keys.STATE_LABEL, "-"),
                 "suspend": bool(job["spec"].get("suspend")),
-                "pods": pod_count,
+                "pods": len(mine),
+                "running": sum(1 for p in mine if (p.get("status") or {}).get("phase") == "Running"),
+                "placement": sorted(_placement(p) for p in mine),
                 "rayclusters": len(owned),
             }
         self._prs = requests
@@ -135,14 +144,15 @@ class Timeline:
         from reconciler.flow import raw_conditions
 
         snap = self.snapshot()
-        for name, facts in snap.items():
-            if not facts["exists"]:
-                if f"rayjob/{name}/state" in self.seen:
-                    self.report(f"rayjob/{name}", "state", "deleted")
-                continue
-            self.report(f"rayjob/{name}", "state",
-                        f"raygate.io/state={facts['state']}  suspend={str(facts['suspend']).lower()}")
-            self.report(f"rayjob/{name}", "pods", f"rayclusters={facts['rayclusters']}  pods={facts['pods']}")
+        # Cause before effect: nodes and requests, then the jobs they let run, then the jobs' Events.
+        for n in self._nodes:
+            ready = next((c.get("status") for c in (n.get("status") or {}).get("conditions") or []
+                          if c.get("type") == "Ready"), "Unknown")
+            gpus = ((n.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", "0")
+            self.report(f"node/{n['metadata']['name']}", "ready", f"Ready={ready}  nvidia.com/gpu={gpus}")
+        for name in [k.split("/", 2)[1] for k in self.seen if k.startswith("node/")]:
+            if name not in {n["metadata"]["name"] for n in self._nodes}:
+                self.report(f"node/{name}", "ready", "deleted (scaled down)")
         for pr in self._prs:
             conditions = raw_conditions(pr)
             for ctype in ("Accepted", "Provisioned", "Failed", "BookingExpired"):
@@ -151,13 +161,23 @@ class Timeline:
                     continue
                 text = f"{ctype}={cond.get('status')}"
                 if cond.get("status") != "True" and cond.get("reason"):
-                    text += f" ({cond['reason']})"
+                    text += f" ({cond['reason']}: {str(cond.get('message', ''))[:100]})"
                 self.report(f"provreq/{pr['metadata']['name']}", ctype, text)
+        for name, facts in snap.items():
+            if not facts["exists"]:
+                if f"rayjob/{name}/state" in self.seen:
+                    self.report(f"rayjob/{name}", "state", "deleted")
+                continue
+            self.report(f"rayjob/{name}", "state",
+                        f"raygate.io/state={facts['state']}  suspend={str(facts['suspend']).lower()}")
+            self.report(f"rayjob/{name}", "pods", f"rayclusters={facts['rayclusters']}  pods={facts['pods']}")
+            if facts["placement"]:
+                self.report(f"rayjob/{name}", "placement", "pods " + " ".join(facts["placement"]))
         for ev in sorted(self.kube.list(EVENTS, DEMO_NAMESPACE)["items"],
                          key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
             uid = ev["metadata"]["uid"]
             involved = ev.get("involvedObject") or {}
-            if uid in self.seen_events or involved.get("kind") != "RayJob":
+            if uid in self.seen_events or involved.get("uid") not in self.uids:
                 continue
             self.seen_events.add(uid)
             self.say(f"event rayjob/{involved.get('name')}", f"{ev.get('reason')}: {ev.get('message', '')[:160]}")
@@ -176,11 +196,19 @@ class Timeline:
             else:
                 held_since = None
             time.sleep(0.25)
-        raise RaygateError(f"demo: timed out after {timeout:.0f}s waiting until {what}; see .dev/logs/")
+        raise RaygateError(f"demo: timed out after {timeout:.0f}s waiting until {what}; see {self.logs}/")
 
 
-def _admitted(facts: dict[str, Any]) -> bool:
-    return bool(facts["exists"] and facts["state"] == keys.State.ADMITTED and facts["pods"] > 0)
+def _placement(pod: dict[str, Any]) -> str:
+    """`<head|worker|submitter>:<phase>@<node>`: what `kubectl get pods -o wide` shows, in one word."""
+    phase = (pod.get("status") or {}).get("phase", "?")
+    role = (pod["metadata"].get("labels") or {}).get("ray.io/node-type", "submitter")
+    return f"{role}:{phase}@{pod['spec'].get('nodeName') or '-'}"
+
+
+def _running(facts: dict[str, Any]) -> bool:
+    """Admitted, and KubeRay's head and workers are all Running on nodes (the submitter may follow)."""
+    return bool(facts["exists"] and facts["state"] == keys.State.ADMITTED and facts["running"] >= 1 + WORKERS)
 
 
 def _held_without_pods(facts: dict[str, Any]) -> bool:
@@ -190,21 +218,47 @@ def _held_without_pods(facts: dict[str, Any]) -> bool:
 
 def _start(args: argparse.Namespace) -> Any:
     from raygate.devenv.build import ensure_bundle
-    from raygate.devenv.capacity import start_capacity
+    from raygate.devenv.capacity import Layout, start_capacity
     from raygate.devenv.controlplane import ControlPlane
     from raygate.devenv.raygate_local import start_raygate
     from raygate.kube import Kube
 
     cp = ControlPlane(args.dir, ensure_bundle())
-    cp.up(kuberay=True)
+    state = cp.up(kuberay=True)
+    layout = start_capacity(cp, state, Layout(gpu_nodes_max=args.gpu_nodes, gpus_per_node=GPUS_PER_NODE))
     start_raygate(cp)
-    start_capacity(cp, args.gpus)
-    return cp, Kube.connect(str(cp.kubeconfig), user_agent="raygate-demo")
+    return cp, Kube.connect(str(cp.kubeconfig), user_agent="raygate-demo"), layout
 
 
-def _clean_previous_run(cp: Any) -> None:
-    cp.kubectl("delete", "rayjobs", "-n", DEMO_NAMESPACE, *JOBS, "--ignore-not-found", "--wait=true",
-               "--timeout=60s")
+def _clean_previous_run(cp: Any, kube: Any) -> None:
+    """The namespace may hold jobs from an earlier run, or a user's: say what was there, then clear it,
+    and wait until no pod holds a GPU node, so the two jobs start from the same empty node group."""
+    from raygate.kube import PODS, RAYCLUSTERS, RAYJOBS
+
+    found = [f"rayjob/{o['metadata']['name']}" for o in kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]]
+    found += [f"raycluster/{o['metadata']['name']}" for o in kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
+              if not (o["metadata"].get("labels") or {}).get(keys.ORIGINATED_FROM_CRD_LABEL)]
+    if found:
+        print(f"demo: namespace {DEMO_NAMESPACE} held {', '.join(found)} from an earlier run: deleting them")
+        cp.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", DEMO_NAMESPACE, "--wait=true", "--timeout=120s")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        gpu_pods = [p for p in kube.list(PODS)["items"] if "nvidia.com/gpu" in json_text(p.get("spec"))]
+        if not gpu_pods:
+            return
+        time.sleep(1)
+    raise RaygateError(f"demo: GPU pods of other namespaces hold the GPU nodes ({', '.join(names(gpu_pods))}); "
+                       "delete them or run `raygate dev up --fresh`")
+
+
+def json_text(value: Any) -> str:
+    import orjson
+
+    return orjson.dumps(value).decode()
+
+
+def names(objs: list[dict[str, Any]]) -> list[str]:
+    return [f"{o['metadata'].get('namespace')}/{o['metadata']['name']}" for o in objs]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,29 +266,31 @@ def run(args: argparse.Namespace) -> int:
 
     from raygate.kube import RAYJOBS
 
-    if args.gpus < 1:
-        raise RaygateError("--gpus must be at least 1")
-    cp, kube = _start(args)
+    if args.gpu_nodes < 1:
+        raise RaygateError("--gpu-nodes must be at least 1")
+    cp, kube, layout = _start(args)
     try:
-        _clean_previous_run(cp)
+        _clean_previous_run(cp, kube)
         first, second = JOBS
-        print(f"\nraygate demo: a stand-in for cluster-autoscaler offers {args.gpus} GPUs "
-              f"(nvidia.com/gpu); each RayJob needs {GPUS_PER_JOB} ({WORKERS} workers x {GPUS_PER_WORKER}).\n")
-        tl = Timeline(kube)
+        print(f"\nraygate demo: cluster-autoscaler (kwok provider) may add up to {args.gpu_nodes} GPU node"
+              f"{'s' if args.gpu_nodes > 1 else ''} of {GPUS_PER_NODE} nvidia.com/gpu; each RayJob needs "
+              f"{GPUS_PER_JOB} ({WORKERS} workers x {GPUS_PER_WORKER}).\n{layout.describe()}\n")
+        tl = Timeline(kube, cp.logs)
         tl.say("kubectl create", f"rayjob/{first}")
         kube.create(RAYJOBS, rayjob(first), DEMO_NAMESPACE)
-        tl.until(f"{first} is admitted and KubeRay created its pods", lambda s: _admitted(s[first]), args.timeout)
+        tl.until(f"{first} is admitted and its pods run on the node the autoscaler added",
+                 lambda s: _running(s[first]), args.timeout)
 
         tl.say("kubectl create", f"rayjob/{second}")
         kube.create(RAYJOBS, rayjob(second), DEMO_NAMESPACE)
         tl.until(f"{second} is held with no pods while {first} runs",
-                 lambda s: _held_without_pods(s[second]) and _admitted(s[first]), args.timeout, hold=5)
+                 lambda s: _held_without_pods(s[second]) and _running(s[first]), args.timeout, hold=8)
 
         tl.say("kubectl delete", f"rayjob/{first}")
         cp.kubectl("delete", "rayjob", "-n", DEMO_NAMESPACE, first, "--wait=false")
-        tl.until(f"{second} is admitted", lambda s: _admitted(s[second]) and not s[first]["exists"], args.timeout)
+        tl.until(f"{second} runs", lambda s: _running(s[second]) and not s[first]["exists"], args.timeout)
 
-        print(f"\nDone: {second} was admitted only after {first} was deleted and its capacity freed.")
+        print(f"\nDone: {second} got the GPU node only after {first} was deleted, and runs on it.")
         print(orjson.dumps({"result": "ok", "admittedAfterDelete": second}).decode())
     finally:
         if args.down:
@@ -245,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  export KUBECONFIG={cp.kubeconfig} PATH={cp.bundle.bin_dir}:{Path(sys.executable).parent}:$PATH")
         print(f"  kubectl get rayjobs -n {DEMO_NAMESPACE} -L {keys.STATE_LABEL}")
         print(f"  kubectl describe rayjob -n {DEMO_NAMESPACE} {JOBS[1]}")
-        print(f"  kubectl get provisioningrequests,pods -n {DEMO_NAMESPACE}")
+        print(f"  kubectl get provisioningrequests,pods -n {DEMO_NAMESPACE} -o wide")
+        print("  kubectl get nodes -L raygate.dev/node-group")
         print("  kubectl raygate status -A")
         print("Stop it with: raygate dev down   (or make dev-down)")
     sys.stdout.flush()

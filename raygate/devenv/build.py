@@ -20,7 +20,8 @@ from raygate.devenv import versions as v
 from raygate.errors import RaygateError
 
 KUEUE_METRICS_CERT_DIR_ENV = "RAYGATE_KUEUE_METRICS_CERT_DIR"
-BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue",
+            "kube-scheduler", "kwok", "cluster-autoscaler")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,14 @@ class _GoBuild:
     in_module: bool = False
     # Source edits (file in the module -> (exact text, replacement)) made before an in-module build.
     edits: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Repeat the module's own `replace` lines (those to a version, not a directory) in the wrapper,
+    # and add these (module -> "module version").
+    module_replaces: bool = False
+    replaces: dict[str, str] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    # A module the checksum database does not list: fetched with GONOSUMDB for its path, and its
+    # hash checked against this pinned one instead.
+    pinned_sum: str | None = None
 
     @property
     def outputs(self) -> list[str]:
@@ -76,11 +85,13 @@ class _GoBuild:
         return [self.renames.get(n, n) for n in names]
 
 
-def _go_env(gopath_dirs: Path) -> dict[str, str]:
+def _go_env(gopath_dirs: Path, nosumdb: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # Never let `go` fetch another toolchain: this machine reaches the module proxy, not go.dev.
     env["GOTOOLCHAIN"] = "local"
     env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    if nosumdb:
+        env["GONOSUMDB"] = nosumdb
     return env
 
 
@@ -92,9 +103,9 @@ def _one_line(stderr: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _run_go(args: list[str], cwd: Path, what: str) -> str:
+def _run_go(args: list[str], cwd: Path, what: str, nosumdb: str | None = None) -> str:
     proc = subprocess.run(
-        ["go", *args], cwd=cwd, env=_go_env(cwd), capture_output=True, text=True, check=False
+        ["go", *args], cwd=cwd, env=_go_env(cwd, nosumdb), capture_output=True, text=True, check=False
     )
     if proc.returncode != 0:
         raise RaygateError(f"{what} failed: {_one_line(proc.stderr or _json_error(proc.stdout))}")
@@ -123,15 +134,36 @@ def check_go() -> str:
     return out.strip()
 
 
-def download_module(module: str, version: str, workdir: Path) -> Path:
-    """`go mod download` one module and return its directory in the module cache."""
-    out = _run_go(
-        ["mod", "download", "-json", f"{module}@{version}"], workdir, f"downloading Go module {module}@{version}"
-    )
-    info = json.loads(out)
+def _download_info(module: str, version: str, workdir: Path, nosumdb: str | None = None) -> dict[str, str]:
+    out = _run_go(["mod", "download", "-json", f"{module}@{version}"], workdir,
+                  f"downloading Go module {module}@{version}", nosumdb)
+    info: dict[str, str] = json.loads(out)
     if info.get("Error"):
         raise RaygateError(f"downloading Go module {module}@{version} failed: {_one_line(info['Error'])}")
-    return Path(info["Dir"])
+    return info
+
+
+def download_module(module: str, version: str, workdir: Path) -> Path:
+    """`go mod download` one module and return its directory in the module cache."""
+    return Path(_download_info(module, version, workdir)["Dir"])
+
+
+def _pinned(w: _GoBuild, work: Path) -> str | None:
+    """Download a module the checksum database does not list and check its hash; the GONOSUMDB it needs."""
+    if w.pinned_sum is None:
+        return None
+    nosumdb = "/".join(w.module.split("/")[:2])
+    info = _download_info(w.module, w.version, work, nosumdb)
+    if info.get("Sum") != w.pinned_sum:
+        raise RaygateError(f"{w.module}@{w.version} has hash {info.get('Sum')}, not the pinned {w.pinned_sum}: "
+                           "refusing to build it")
+    return nosumdb
+
+
+def _module_replaces(w: _GoBuild, work: Path, nosumdb: str | None) -> dict[str, str]:
+    text = Path(_download_info(w.module, w.version, work, nosumdb)["GoMod"]).read_text()
+    found = re.findall(r"^\s*(?:replace\s+)?(\S+)\s+=>\s+(\S+)\s+(v\S+)\s*$", text, flags=re.M)
+    return {m: f"{target} {version}" for m, target, version in found}
 
 
 def _k8s_staging_replaces(workdir: Path) -> dict[str, str]:
@@ -186,16 +218,26 @@ def _build(w: _GoBuild, work: Path, out_dir: Path) -> None:
     wdir = work / w.name
     wdir.mkdir(parents=True, exist_ok=True)
     lines = [f"module raygate.local/{w.name}", "", "go 1.26.0", ""]
-    if w.staging_replaces:
-        replaces = _k8s_staging_replaces(work)
+    nosumdb = _pinned(w, work)
+    replaces = dict(_k8s_staging_replaces(work)) if w.staging_replaces else {}
+    if w.module_replaces:
+        replaces.update(_module_replaces(w, work, nosumdb))
+    replaces.update(w.replaces)
+    if replaces:
         lines += ["replace ("] + [f"\t{m} => {target}" for m, target in sorted(replaces.items())] + [")"]
     (wdir / "go.mod").write_text("\n".join(lines) + "\n")
     (wdir / "go.sum").unlink(missing_ok=True)
-    _run_go(["get", *[f"{p}@{w.version}" for p in w.packages]], wdir, f"downloading Go module {w.module}@{w.version}")
+    # Tags matter to `go get` too: they decide which imports (and which modules) the build needs.
+    tags = [f"-tags={','.join(w.tags)}"] if w.tags else []
+    _run_go(["get", *tags, *[f"{p}@{w.version}" for p in w.packages]], wdir,
+            f"downloading Go module {w.module}@{w.version}", nosumdb)
+    if w.pinned_sum is not None and f"{w.module} {w.version} {w.pinned_sum}" not in (wdir / "go.sum").read_text():
+        raise RaygateError(f"{w.module}@{w.version} in the build does not have the pinned hash {w.pinned_sum}")
     _run_go(
-        ["build", "-trimpath", f"-ldflags={w.ldflags}", "-o", str(out_dir) + "/", *w.packages],
+        ["build", "-trimpath", *tags, f"-ldflags={w.ldflags}", "-o", str(out_dir) + "/", *w.packages],
         wdir,
         f"building {', '.join(p.rsplit('/', 1)[-1] for p in w.packages)}",
+        nosumdb,
     )
     for built, ours in w.renames.items():
         (out_dir / built).rename(out_dir / ours)
@@ -245,6 +287,15 @@ def _builds() -> list[_GoBuild]:
             [f"{v.K8S_MODULE}/cmd/{c}" for c in ("kube-apiserver", "kube-controller-manager", "kubectl")],
             staging_replaces=True,
             ldflags=_k8s_ldflags(),
+        ),
+        # The capacity layer: pods are scheduled onto fake nodes that cluster-autoscaler creates.
+        _GoBuild("kube-scheduler", v.K8S_MODULE, v.K8S_VERSION, [f"{v.K8S_MODULE}/cmd/kube-scheduler"],
+                 staging_replaces=True, ldflags=_k8s_ldflags()),
+        _GoBuild("kwok", v.KWOK_MODULE, v.KWOK_VERSION, [f"{v.KWOK_MODULE}/cmd/kwok"]),
+        _GoBuild(
+            "cluster-autoscaler", v.AUTOSCALER_MODULE, v.AUTOSCALER_VERSION, [v.AUTOSCALER_MODULE],
+            module_replaces=True, tags=["kwok"], pinned_sum=v.AUTOSCALER_SUM,
+            replaces={v.AUTOSCALER_APIS_MODULE: f"{v.AUTOSCALER_APIS_MODULE} {v.AUTOSCALER_BUILD_APIS_VERSION}"},
         ),
     ]
 

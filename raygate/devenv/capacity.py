@@ -1,187 +1,197 @@
-"""A stand-in for cluster-autoscaler's check-capacity ProvisioningRequest class, for tests and the demo.
+"""Real capacity for the local control plane: kube-scheduler, KWOK's controller and cluster-autoscaler.
 
-It owns a fixed number of GPUs and answers every ProvisioningRequest the way the autoscaler does:
-Accepted=True at once; Provisioned=True when the request's pods (count x the GPU request, or limit,
-of its PodTemplate) fit into the GPUs that other still-existing Provisioned requests do not hold;
-otherwise Provisioned=False with reason CapacityNotFound. Requests still waiting are evaluated
-again, oldest first, whenever a request or template comes or goes, so deleting a job frees its
-capacity for the next one. It writes only the requests' status subresource.
+cluster-autoscaler runs with its kwok cloud provider and ProvisioningRequests on: it answers raygate's
+requests itself and, for a GPU gang that does not fit, adds nodes from a GPU node group that starts at
+zero. The nodes are fake (KWOK marks them Ready and the pods bound to them Running), but everything
+that decides where a pod goes is real: the autoscaler's simulation, the booking it records, the
+scheduler's binding. A few CPU nodes exist from the start for heads and submitters.
 
-Not a simulation of nodes: it exists so the gang-admission flow can be shown end to end without a
-cloud provider.
+The layout is printed by `raygate dev env` and beside the end-to-end benchmark, because the
+autoscaler's loop settings (scan interval, backoff, scale-down times) are a large part of what a
+user waits for.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import logging
-import signal
-import sys
-import threading
-from collections.abc import Mapping
-from decimal import Decimal
-from typing import Any
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from raygate import keys
-from raygate.informer import Informer
-from raygate.kube import JSON, MERGE_PATCH, PODTEMPLATES, ApiError, Kube, Resource, provisioning_requests
-from raygate.workload import ManifestError, get, pod_request
-from reconciler.flow import raw_conditions
+import yaml
 
-log = logging.getLogger("raygate.capacity")
-NOT_FOUND = "CapacityNotFound"
+from raygate.devenv import versions as v
+from raygate.errors import RaygateError
+
+if TYPE_CHECKING:
+    from raygate.devenv.controlplane import ControlPlane, State
+
+NAMESPACE = "kube-system"  # where the kwok provider reads its ConfigMaps (POD_NAMESPACE)
+NODE_GROUP_LABEL = "raygate.dev/node-group"
+GPU_GROUP = "gpu-pool"
+CPU_GROUP = "cpu"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCT = "NVIDIA-H100-80GB"
+KWOK_MANAGED = {"kwok.x-k8s.io/node": "fake"}  # the annotation KWOK's controller manages nodes by
+PROCESSES = ("kube-scheduler", "kwok", "cluster-autoscaler")
+# KWOK's own stages (from its module): nodes become Ready and keep a heartbeat, bound pods become
+# Running, deleted pods go. Pods are never completed, so a Ray cluster stays up until deleted.
+KWOK_STAGES = ("kustomize/stage/node/fast/node-initialize.yaml", "kustomize/stage/node/heartbeat/node-heartbeat.yaml",
+               "kustomize/stage/pod/fast/pod-ready.yaml", "kustomize/stage/pod/fast/pod-delete.yaml")
 
 
-def _condition(ctype: str, status: bool, reason: str, message: str, now: str) -> JSON:
-    return {"type": ctype, "status": "True" if status else "False", "reason": reason, "message": message,
-            "lastTransitionTime": now}
+@dataclass(frozen=True)
+class Layout:
+    """The local cluster's capacity: static CPU nodes, and a GPU node group the autoscaler grows."""
 
+    cpu_nodes: int = 2
+    cpu_node_cpu: int = 16
+    gpu_nodes_max: int = 4
+    gpus_per_node: int = 4
+    gpu_node_cpu: int = 32
+    # cluster-autoscaler's loop, fast so tests finish quickly (production defaults in brackets).
+    scan_interval: str = "1s"  # [10s]
+    provisioning_request_backoff: str = "2s"  # retry of a request that could not be provisioned [1m]
+    scale_down_delay_after_add: str = "20s"  # [10m]
+    scale_down_unneeded_time: str = "10s"  # [10m]
 
-def _is(pr: Mapping[str, Any], ctype: str, status: str = "True") -> bool:
-    return raw_conditions(pr).get(ctype, {}).get("status") == status
-
-
-class CapacityStandIn:
-    def __init__(self, kube: Kube, gpus: int, resource: str = "nvidia.com/gpu", *,
-                 namespace: str | None = None, version: str | None = None) -> None:
-        self.kube = kube
-        self.gpus = gpus
-        self.resource = resource
-        self.namespace = namespace
-        if version is None:
-            version = next((v for v in keys.PROVREQ_VERSIONS if kube.served(keys.PROVREQ_GROUP, v)), None)
-            if version is None:
-                raise RuntimeError(f"no ProvisioningRequest API ({keys.PROVREQ_GROUP}) is served")
-        self.requests_res: Resource = provisioning_requests(version)
-        self._kick = threading.Event()
-        self._stop = threading.Event()
-        self._held: dict[str, Decimal] = {}  # uid -> GPUs of requests this stand-in provisioned
-        self._requests = Informer(kube, self.requests_res, namespace=namespace, handler=self._on_event,
-                                  resync_seconds=30)
-        self._templates = Informer(kube, PODTEMPLATES, namespace=namespace, handler=self._on_event,
-                                   resync_seconds=30)
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> CapacityStandIn:
-        self._requests.start()
-        self._templates.start()
-        self._thread = threading.Thread(target=self._run, name="capacity-stand-in", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._kick.set()
-        self._requests.stop()
-        self._templates.stop()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _on_event(self, event: str, obj: JSON) -> None:
-        self._kick.set()
-
-    def _run(self) -> None:
-        self._requests.wait_synced(30)
-        self._templates.wait_synced(30)
-        while not self._stop.is_set():
-            self._kick.wait(5)
-            self._kick.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self.evaluate()
-            except Exception:
-                log.exception("capacity stand-in pass failed")
-
-    def need(self, pr: Mapping[str, Any]) -> Decimal | None:
-        """GPUs the request's pods need; None while one of its PodTemplates is not seen yet."""
-        ns = str(get(pr, ("metadata", "namespace"), ""))
-        total = Decimal(0)
-        for ps in get(pr, ("spec", "podSets")) or []:
-            tpl = self._templates.get(ns, str(get(ps, ("podTemplateRef", "name"), "")))
-            if tpl is None:
-                return None
-            try:
-                per_pod = pod_request(tpl.get("template") or {}, ("template",)).get(self.resource, Decimal(0))
-            except ManifestError:
-                per_pod = Decimal(0)
-            total += per_pod * int(ps.get("count") or 0)
-        return total
-
-    def evaluate(self) -> None:
-        """One pass: free capacity, then every waiting request oldest first."""
-        prs = sorted(self._requests.items(), key=lambda p: (str(get(p, ("metadata", "creationTimestamp"), "")),
-                                                          str(get(p, ("metadata", "name"), ""))))
-        live = {str(get(p, ("metadata", "uid"))) for p in prs}
-        self._held = {uid: n for uid, n in self._held.items() if uid in live}
-        for pr in prs:
-            uid = str(get(pr, ("metadata", "uid")))
-            if uid not in self._held and _is(pr, "Provisioned"):
-                need = self.need(pr)  # provisioned before a restart of this stand-in
-                self._held[uid] = need if need is not None else Decimal(0)
-        for pr in prs:
-            uid = str(get(pr, ("metadata", "uid")))
-            if uid in self._held or _is(pr, "Failed") or get(pr, ("metadata", "deletionTimestamp")):
-                continue
-            need = self.need(pr)
-            if need is None:
-                continue
-            free = Decimal(self.gpus) - sum(self._held.values(), Decimal(0))
-            if need <= free:
-                self._answer(pr, True, f"{need} {self.resource} booked; {free - need} left of {self.gpus}")
-                self._held[uid] = need
-            elif not _is(pr, "Provisioned", "False") or raw_conditions(pr)["Provisioned"].get("reason") != NOT_FOUND:
-                self._answer(pr, False, f"needs {need} {self.resource}, {free} of {self.gpus} free")
-
-    def _answer(self, pr: Mapping[str, Any], provisioned: bool, message: str) -> None:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        accepted = raw_conditions(pr).get("Accepted")
-        conds = [
-            dict(accepted) if accepted and accepted.get("status") == "True" else
-            _condition("Accepted", True, "Accepted", "the request is valid", now),
-            _condition("Provisioned", provisioned, "Provisioned" if provisioned else NOT_FOUND, message, now),
+    def autoscaler_args(self) -> list[str]:
+        return [
+            "--cloud-provider=kwok", "--enable-provisioning-requests=true", f"--namespace={NAMESPACE}",
+            f"--scan-interval={self.scan_interval}", "--leader-elect=false", "--address=127.0.0.1:0",
+            f"--provisioning-request-initial-backoff-time={self.provisioning_request_backoff}",
+            f"--provisioning-request-max-backoff-time={self.provisioning_request_backoff}",
+            f"--scale-down-delay-after-add={self.scale_down_delay_after_add}",
+            f"--scale-down-unneeded-time={self.scale_down_unneeded_time}",
+            "--scale-down-delay-after-delete=0s", "--scale-down-delay-after-failure=5s",
+            "--max-node-provision-time=2m", "--skip-nodes-with-local-storage=false",
+            "--write-status-configmap=true", "--v=2",
+            # Its ProvisioningRequest client shares this setting, and a CRD cannot be encoded as protobuf
+            # (with the default, every status update fails: "does not implement the protobuf marshalling").
+            "--kube-api-content-type=application/json",
         ]
-        name, ns = str(get(pr, ("metadata", "name"))), str(get(pr, ("metadata", "namespace")))
-        try:
-            self.kube.patch(self.requests_res, name, {"status": {"conditions": conds}}, ns,
-                            content_type=MERGE_PATCH, sub="status")
-        except ApiError as err:
-            if not err.not_found:
-                raise
-            return
-        log.info("answered ProvisioningRequest", extra={"namespace": ns, "name": name, "provisioned": provisioned,
-                                                       "detail": message})
+
+    def loop(self) -> str:
+        """cluster-autoscaler's loop settings, which bound how fast it answers."""
+        return (f"scan {self.scan_interval}, request backoff {self.provisioning_request_backoff}, scale-down after "
+                f"{self.scale_down_unneeded_time} unneeded ({self.scale_down_delay_after_add} after a scale-up)")
+
+    def describe(self) -> str:
+        return (f"{self.cpu_nodes} CPU nodes ({self.cpu_node_cpu} CPU each); GPU node group {GPU_GROUP}: 0 to "
+                f"{self.gpu_nodes_max} nodes of {self.gpus_per_node} {GPU_RESOURCE}; cluster-autoscaler "
+                f"{self.loop()}")
 
 
-def start_capacity(cp: Any, gpus: int, *, name: str = "capacity-stand-in") -> None:
-    """Run the stand-in as a process of a local control plane (`raygate dev down` stops it)."""
-    state = cp.load_state()
-    if state is None:
-        raise RuntimeError("start the control plane before the capacity stand-in")
-    cp.spawn(state, name, [sys.executable, "-m", "raygate.devenv.capacity", "--kubeconfig", str(cp.kubeconfig),
-                            "--gpus", str(gpus)])
+def node(name: str, group: str, cpu: int, memory_gi: int, gpus: int = 0) -> dict[str, Any]:
+    """A fake node as KWOK serves it; `gpus` adds nvidia.com/gpu and the GPU product label."""
+    resources = {"cpu": str(cpu), "memory": f"{memory_gi}Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    labels = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+              "type": "kwok", NODE_GROUP_LABEL: group}
+    if gpus:
+        resources[GPU_RESOURCE] = str(gpus)
+        labels[GPU_PRODUCT_LABEL] = GPU_PRODUCT
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": dict(KWOK_MANAGED)},
+            "spec": {},
+            "status": {"allocatable": resources, "capacity": resources}}  # KWOK fills in the rest
 
 
-def main(argv: list[str] | None = None) -> int:
-    from raygate import logs
+def provider_config(layout: Layout) -> dict[str, Any]:
+    """ConfigMaps `kwok-provider-config` and `kwok-provider-templates` of the autoscaler's kwok provider."""
+    template = node("gpu-node", GPU_GROUP, layout.gpu_node_cpu, 256, layout.gpus_per_node)
+    template["metadata"]["annotations"].update({
+        "cluster-autoscaler.kwok.nodegroup/min-count": "0",
+        "cluster-autoscaler.kwok.nodegroup/max-count": str(layout.gpu_nodes_max),
+        "cluster-autoscaler.kwok.nodegroup/desired-count": "0",
+    })
+    config = {
+        "apiVersion": "v1alpha1", "readNodesFrom": "configmap",
+        "nodegroups": {"fromNodeLabelKey": NODE_GROUP_LABEL},
+        # No kwok-provider taint: raygate's pods carry no toleration for it, as on a real cluster.
+        "nodes": {"skipTaint": True, "gpuConfig": {"gpuLabelKey": GPU_PRODUCT_LABEL,
+                                                   "availableGPUTypes": {GPU_PRODUCT: {}}}},
+        "configmap": {"name": "kwok-provider-templates"},
+    }
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kwok-provider-config", "namespace": NAMESPACE},
+         "data": {"config": yaml.safe_dump(config)}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "kwok-provider-templates", "namespace": NAMESPACE},
+         "data": {"templates": yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [template]})}},
+    ]}
 
-    p = argparse.ArgumentParser(prog="python -m raygate.devenv.capacity", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs the simulated cluster has")
-    p.add_argument("--resource", default="nvidia.com/gpu", help="resource name counted (default: %(default)s)")
-    p.add_argument("--namespace", default=None, help="answer requests in this namespace only (default: all)")
-    args = p.parse_args(argv)
-    logs.setup("info")
-    stand_in = CapacityStandIn(Kube.connect(args.kubeconfig, user_agent="raygate-capacity-stand-in"), args.gpus,
-                               args.resource, namespace=args.namespace).start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
-    stand_in.stop()
-    return 0
+
+def kwok_stages(cp: ControlPlane) -> Path:
+    """KWOK's stage configuration, taken once from its pinned module and kept beside the binaries."""
+    path = cp.bundle.root / "kwok-stages.yaml"
+    if path.exists():
+        return path
+    from raygate.devenv.build import download_module
+
+    src = download_module(v.KWOK_MODULE, v.KWOK_VERSION, cp.workdir)
+    docs = [(src / rel).read_text() for rel in KWOK_STAGES]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n---\n".join(d.strip() for d in docs) + "\n")
+    tmp.replace(path)
+    return path
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def start_capacity(cp: ControlPlane, state: State, layout: Layout | None = None) -> Layout:
+    """kube-scheduler, KWOK and cluster-autoscaler, plus the CPU nodes; harmless when they already run."""
+    from raygate.devenv.controlplane import alive, free_port
+
+    layout = layout or Layout()
+    missing = [b for b in PROCESSES if not cp.bundle.binary(b).exists()]
+    if missing:
+        raise RaygateError(f"{', '.join(missing)} not built: run `make cluster-bins`")
+    kubeconfig = str(cp.kubeconfig)
+    if not _running(state, "kube-scheduler"):
+        cp.spawn(state, "kube-scheduler", [
+            str(cp.bundle.binary("kube-scheduler")), f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
+        ])
+    if not _running(state, "kwok"):
+        cp.spawn(state, "kwok", [
+            str(cp.bundle.binary("kwok")), f"--kubeconfig={kubeconfig}", f"--config={kwok_stages(cp)}",
+            "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            "--cidr=10.0.0.1/16", "--node-ip=10.0.0.1", f"--server-address=127.0.0.1:{free_port()}",
+        ])
+    nodes = [node(f"cpu-node-{i}", CPU_GROUP, layout.cpu_node_cpu, 64) for i in range(layout.cpu_nodes)]
+    cp.kubectl("apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    cp.kubectl("apply", "-f", "-", input_text=json.dumps(provider_config(layout)))
+    if _running(state, "cluster-autoscaler") and layout_of(state) != layout:
+        cp.stop_process("cluster-autoscaler", state)  # it reads its node groups only when it starts
+    if not _running(state, "cluster-autoscaler"):
+        cp.spawn(state, "cluster-autoscaler",
+                 [str(cp.bundle.binary("cluster-autoscaler")), f"--kubeconfig={kubeconfig}", *layout.autoscaler_args()],
+                 env={"KWOK_PROVIDER_MODE": "local", "POD_NAMESPACE": NAMESPACE, "KUBECONFIG": kubeconfig})
+    state.extra["capacity"] = json.dumps(asdict(layout))
+    cp.save_state(state)
+    cp.wait_for(state, "kwok", lambda: _ready_nodes(cp) >= layout.cpu_nodes, 60)
+    for name in PROCESSES:
+        if not alive(state.pids[name]):
+            raise RaygateError(f"{name} exited at start: see {cp.logs / (name + '.log')}")
+    return layout
+
+
+def layout_of(state: State) -> Layout | None:
+    raw = state.extra.get("capacity")
+    return Layout(**json.loads(raw)) if raw else None
+
+
+def _running(state: State, name: str) -> bool:
+    from raygate.devenv.controlplane import alive
+
+    return name in state.pids and alive(state.pids[name])
+
+
+def _ready_nodes(cp: ControlPlane) -> int:
+    out = cp.kubectl("get", "nodes", "-o", "json", check=False)
+    try:
+        items = json.loads(out).get("items") or []
+    except ValueError:
+        return 0
+    return sum(1 for n in items for c in (n.get("status") or {}).get("conditions") or []
+               if c.get("type") == "Ready" and c.get("status") == "True")

@@ -25,8 +25,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = dev_sub.add_parser("up", help="start the control plane (harmless when it already runs)")
     up.add_argument("--kuberay", action="store_true", help="also run the KubeRay operator")
     up.add_argument(
-        "--raygate", action="store_true", help="also run raygate (webhook and reconciler) and opt in namespace demo"
+        "--raygate", action="store_true",
+        help="also run raygate (webhook and reconciler) and opt in namespace demo; implies --kuberay --capacity",
     )
+    up.add_argument("--capacity", action="store_true",
+                    help="also run kube-scheduler, KWOK and cluster-autoscaler (kwok provider, ProvisioningRequests "
+                         "on) with CPU nodes and a GPU node group that starts at zero")
+    up.add_argument("--gpu-nodes-max", type=int, default=None, metavar="N",
+                    help="largest size of the GPU node group (default: 4 nodes of 4 GPUs)")
+    up.add_argument("--fresh", action="store_true",
+                    help="start from an empty cluster: stop what runs and delete the stored data first")
     up.add_argument(
         "--port", "--apiserver-port", dest="port", type=int, default=None,
         help="kube-apiserver port (default: a free one)",
@@ -36,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     down = dev_sub.add_parser("down", help="stop every process `up` started")
     down.set_defaults(func=_down)
 
-    env = dev_sub.add_parser("env", help="print the KUBECONFIG line to export")
+    env = dev_sub.add_parser("env", help="say what runs, and print the KUBECONFIG line to export")
     env.set_defaults(func=_env)
 
     build = dev_sub.add_parser("build", help="build the pinned binaries and collect the CRDs (make cluster-bins)")
@@ -55,7 +63,14 @@ def _control_plane(args: argparse.Namespace, *, build: bool = False):  # type: i
 
 def _up(args: argparse.Namespace) -> int:
     cp = _control_plane(args, build=True)
-    cp.up(kuberay=args.kuberay or args.raygate, apiserver_port=args.port)
+    if args.fresh:
+        cp.wipe()
+    state = cp.up(kuberay=args.kuberay or args.raygate, apiserver_port=args.port)
+    if args.capacity or args.raygate or args.gpu_nodes_max is not None:
+        from raygate.devenv.capacity import Layout, start_capacity
+
+        layout = Layout() if args.gpu_nodes_max is None else Layout(gpu_nodes_max=args.gpu_nodes_max)
+        print(f"dev: capacity: {start_capacity(cp, state, layout).describe()}")
     if args.raygate:
         from raygate.devenv.raygate_local import start_raygate
 
@@ -70,9 +85,19 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _env(args: argparse.Namespace) -> int:
+    from raygate.devenv.capacity import layout_of
+    from raygate.devenv.controlplane import alive
+
     cp = _control_plane(args)
-    if cp.load_state() is None:
+    state = cp.load_state()
+    if state is None:
         raise RaygateError(f"no control plane in {cp.workdir}: run `raygate dev up` first")
+    print(f"# kube-apiserver https://127.0.0.1:{state.apiserver_port}")
+    for name, pid in state.pids.items():
+        print(f"# {name:<22} pid {pid:<8} {'running' if alive(pid) else 'EXITED: see ' + str(cp.logs / name)}.log")
+    layout = layout_of(state)
+    if layout is not None:
+        print(f"# capacity: {layout.describe()}")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     return 0
 

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -315,12 +316,19 @@ class ControlPlane:
             "--bind-address=127.0.0.1",
             f"--secure-port={free_port()}",
             "--leader-elect=false",
-            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller",
+            # node-lifecycle: takes the not-ready taint (set on every new node) off once KWOK reports it Ready.
+            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"
+            "node-lifecycle-controller",
             f"--root-ca-file={p / 'ca.crt'}",
             f"--service-account-private-key-file={p / 'sa.key'}",
             "--concurrent-gc-syncs=5",
         ])
         self.install_crds()
+        # Kept data may still register a raygate webhook by the URL of one that no longer runs (a `down`
+        # that never happened): every create would fail. `up --raygate` registers it anew.
+        from raygate.devenv.raygate_local import unregister_webhook
+
+        unregister_webhook(self)
         if kuberay:
             self.start_kuberay(state)
 
@@ -454,12 +462,24 @@ class ControlPlane:
             return False
         return str(self.bundle.root) in cmdline or str(self.workdir) in cmdline or "raygate" in cmdline
 
+    def wipe(self) -> None:
+        """`up --fresh`: stop what runs and delete the stored cluster data (etcd), for an empty cluster."""
+        self.down(log=False)
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+
     def down(self, *, log: bool = True) -> None:
+        """Stop every process `up` started. What they registered in the cluster goes first: raygate's
+        webhook configurations point at a local URL that would refuse every later create (failurePolicy
+        Fail) once its webhook is gone. The cluster's data (etcd) stays for the next `up`."""
         state = self.load_state()
         if state is None:
             if log:
                 print(f"dev: nothing running in {self.workdir}")
             return
+        if "raygate-webhook" in state.pids and self._ready(state):
+            from raygate.devenv.raygate_local import unregister_webhook
+
+            unregister_webhook(self)
         # Reverse start order: operators first, etcd last.
         for name in reversed(list(state.pids)):
             if self._owns(state.pids[name]):

@@ -91,12 +91,16 @@ RECONCILER_RBAC = Path(__file__).resolve().parents[2] / "config" / "base" / "rba
 CERTS_RBAC = RECONCILER_RBAC.with_name("rbac-certs.yaml")
 
 
+def unregister_webhook(cp: ControlPlane) -> None:
+    for kind, config in (("mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG),
+                         ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG)):
+        cp.kubectl("delete", kind, config, "--ignore-not-found", check=False)
+
+
 def stop_webhook(cp: ControlPlane, name: str = "raygate-webhook") -> None:
     """Unregister, then stop: with failurePolicy Fail a registered but stopped webhook would refuse
     every later RayJob in an opted-in namespace."""
-    for kind, config in (("mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG),
-                         ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG)):
-        cp.kubectl("delete", kind, config, "--ignore-not-found")
+    unregister_webhook(cp)
     cp.stop_process(name)
 
 
@@ -125,11 +129,34 @@ def _running(cp: ControlPlane, name: str) -> bool:
     return state is not None and name in state.pids and alive(state.pids[name])
 
 
+# The local cluster's GPU node group starts at zero, so its requests must be allowed to add nodes
+# (check-capacity only answers from nodes that exist); retries are quick, to suit a demo.
+DEV_CONFIG = """\
+defaults:
+  mode: provisioning
+  provisioning:
+    className: best-effort-atomic-scale-up.autoscaling.x-k8s.io
+    provisionedTimeoutSeconds: 120
+  retry: {limit: 10, baseSeconds: 5, maxSeconds: 30}
+"""
+
+
+def ensure_config(cp: ControlPlane) -> None:
+    """raygate-config for the local cluster, unless one is there already (an admin's edits stay)."""
+    ensure_system_namespace(cp)
+    if cp.kubectl("get", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found",
+                  "-o", "name").strip():
+        return
+    cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+               f"--from-literal={keys.CONFIGMAP_KEY}={DEV_CONFIG}")
+
+
 def start_raygate(cp: ControlPlane) -> LocalWebhook:
     """`raygate dev up --raygate`: webhook + reconciler, and namespace `demo` opted in.
 
     Harmless when raygate already runs: a live component is kept, a dead one is started again.
     """
+    ensure_config(cp)
     state = cp.load_state()
     if state is not None and _running(cp, "raygate-webhook") and "raygate-webhook-url" in state.extra:
         hook = LocalWebhook(state.extra["raygate-webhook-url"], cp.workdir / "raygate-webhook" / "ca.crt")

@@ -19,6 +19,13 @@ VOLCANO_VERSION = "v1.15.1"
 # The ProvisioningRequest API module has no release tags; this is the commit Kueue v0.19.2 pins.
 AUTOSCALER_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
 GO_MIN = (1, 26)
+# cluster-autoscaler has no tags on the module proxy; this pseudo-version downloads, but the checksum
+# database does not know it, so its hash is pinned here and checked after the download instead.
+AUTOSCALER_VERSION = "v0.0.0-20250613073258-1959f5f61f6c"
+AUTOSCALER_SUM = "h1:gGUthCoel/TlD1fh33foTFCs1n75w8sqmpD3qf2zqk4="
+# Its go.mod points its apis module at ./apis (not in the download); this commit has the v1 listers it uses.
+AUTOSCALER_BUILD_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
+KWOK_VERSION = "v0.8.0"
 
 K8S_MODULE = "k8s.io/kubernetes"
 ETCD_MODULE = "go.etcd.io/etcd/server/v3"
@@ -26,6 +33,8 @@ KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 VOLCANO_MODULE = "volcano.sh/volcano"
 AUTOSCALER_APIS_MODULE = "k8s.io/autoscaler/cluster-autoscaler/apis"
+AUTOSCALER_MODULE = "k8s.io/autoscaler/cluster-autoscaler"
+KWOK_MODULE = "sigs.k8s.io/kwok"
 
 
 def bundle_id() -> str:

@@ -318,8 +318,10 @@ def test_dev_up_twice_then_down_leaves_nothing(dev_dir: Path, bundle: Bundle) ->
                  "podgroups.scheduling.volcano.sh", "workloads.kueue.x-k8s.io"):
         assert f"customresourcedefinition.apiextensions.k8s.io/{name}" in crds.stdout.split(), crds.stdout
 
-    env_line = _run([*dev, "env"])
-    assert env_line.returncode == 0 and env_line.stdout.strip() == up.stdout.strip().splitlines()[-1]
+    env = _run([*dev, "env"])
+    assert env.returncode == 0 and env.stdout.strip().splitlines()[-1] == up.stdout.strip().splitlines()[-1]
+    for name in pids:  # it says what runs
+        assert any(line.startswith(f"# {name} ") and "running" in line for line in env.stdout.splitlines()), env.stdout
 
     again = _run([*dev, "up", "--kuberay"])
     assert again.returncode == 0, again.stderr
@@ -338,6 +340,37 @@ def test_dev_up_twice_then_down_leaves_nothing(dev_dir: Path, bundle: Bundle) ->
         assert stat.rsplit(")", 1)[1].split()[0] == "Z", f"{name} (pid {pid}) survived `dev down`"
     assert processes_mentioning(str(dev_dir.resolve())) == []
     assert _run([*dev, "env"]).returncode != 0
+
+
+def test_down_removes_what_up_registered_and_fresh_starts_empty(dev_dir: Path, bundle: Bundle) -> None:
+    """A plain `up` after an `up --raygate` must not find raygate's webhooks registered by the URL of a
+    webhook that no longer runs (every create in an opted-in namespace would fail); `--fresh` empties."""
+    dev = [str(RAYGATE), "dev", "--dir", str(dev_dir)]
+    kubectl = [str(bundle.binary("kubectl")), "--kubeconfig", str(dev_dir / "kubeconfig")]
+    hooks = ["get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name"]
+    up = _run([*dev, "up", "--raygate"], timeout=300)
+    assert up.returncode == 0, up.stderr
+    env = _run([*dev, "env"]).stdout
+    for name in ("raygate-webhook", "raygate-reconciler", "kube-scheduler", "kwok", "cluster-autoscaler"):
+        assert f"# {name} " in env, env
+    assert "# capacity: 2 CPU nodes" in env, env
+    assert "raygate" in _run([*kubectl, *hooks]).stdout
+
+    assert _run([*dev, "down"]).returncode == 0
+    assert _run([*dev, "up"]).returncode == 0  # the cluster's data persists, raygate does not run
+    assert "raygate" not in _run([*kubectl, *hooks]).stdout
+    created = subprocess.run([*kubectl, "create", "-n", "demo", "-f", "-"], input=json.dumps({
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "after-down"},
+        "spec": {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
+            {"name": "ray-head", "image": "rayproject/ray:2.46.0"}]}}}}}), capture_output=True, text=True, check=False)
+    assert created.returncode == 0, created.stderr  # not "connection refused" from a stale registration
+
+    fresh = _run([*dev, "up", "--fresh"])
+    assert fresh.returncode == 0, fresh.stderr
+    namespaces = _run([*kubectl, "get", "namespaces", "-o", "name"]).stdout.split()
+    assert "namespace/demo" not in namespaces, namespaces
+    assert _run([*dev, "down"]).returncode == 0
+    assert processes_mentioning(str(dev_dir.resolve())) == []
 
 
 def _one_clear_line(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
