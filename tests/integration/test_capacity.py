@@ -31,7 +31,7 @@ from raygate.devenv.capacity import GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, L
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
 from raygate.kube import JSON, NODES, PODS, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
-from reconciler.flow import raw_conditions
+from reconciler.flow import raw_conditions as conditions
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 
@@ -124,10 +124,6 @@ class Stack:
 def gpu_pods(pods: list[JSON]) -> list[JSON]:
     return [p for p in pods if any(GPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})
                                    for c in p["spec"]["containers"])]
-
-
-def conditions(pr: JSON) -> dict[str, JSON]:
-    return raw_conditions(pr)
 
 
 @pytest.fixture(scope="module")
