@@ -28,14 +28,19 @@ namespace raygate-system (raygate/keys.py SYSTEM_NAMESPACE), so the chart instal
 {{- end }}
 
 {{/* The webhooks' namespaceSelector: the opt-in selector as matchExpressions, never kube-system or raygate-system. */}}
+{{- define "raygate.namespaceSelector" -}}
+{{- toYaml (.Values.namespaceSelector | default (dict "matchLabels" (dict "raygate.io/gang-admission" "enabled"))) }}
+{{- end }}
+
 {{- define "raygate.webhookNamespaceSelector" -}}
+{{- $selector := include "raygate.namespaceSelector" . | fromYaml }}
 matchExpressions:
-{{- range $k, $v := .Values.namespaceSelector.matchLabels }}
+{{- range $k, $v := $selector.matchLabels }}
   - key: {{ $k }}
     operator: In
     values: [{{ $v | quote }}]
 {{- end }}
-{{- range .Values.namespaceSelector.matchExpressions }}
+{{- range $selector.matchExpressions }}
   - {{- toYaml . | nindent 4 }}
 {{- end }}
   - key: kubernetes.io/metadata.name
@@ -53,7 +58,9 @@ the KubeRay operator's identity filled in from their own values.
 */}}
 {{- define "raygate.configYaml" -}}
 {{- $config := deepCopy .Values.config -}}
+{{- if .Values.namespaceSelector -}}
 {{- $_ := set $config "namespaceSelector" .Values.namespaceSelector -}}
+{{- end -}}
 {{- $user := include "raygate.kuberayOperatorUser" . -}}
 {{- if ne $user "system:serviceaccount:ray-system:kuberay-operator" -}}
 {{- $_ := set $config "rayOperatorUsers" (list $user) -}}
