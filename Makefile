@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv cluster-bins lint typecheck unit test demo bench fuzz dev-up dev-down image-lint clean
+.PHONY: venv cluster-bins lint typecheck unit test demo bench fuzz dev-up dev-down image-lint clean chart-files
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,3 +52,9 @@ dev-down: venv
 clean:
 	-$(BIN)/raygate dev down
 	rm -rf $(VENV) build dist .dev *.egg-info
+
+# The chart ships config/monitoring's alerts and dashboard (Helm reads only files inside the chart);
+# tests/unit/test_monitoring.py fails when the copies differ.
+chart-files:
+	cp config/monitoring/prometheusrule.yaml config/monitoring/raygate-dashboard.json charts/raygate/files/
+	$(BIN)/python -m raygate.chartschema --write

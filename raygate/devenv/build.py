@@ -21,7 +21,7 @@ from raygate.errors import RaygateError
 
 KUEUE_METRICS_CERT_DIR_ENV = "RAYGATE_KUEUE_METRICS_CERT_DIR"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue",
-            "kube-scheduler", "kwok", "cluster-autoscaler")
+            "kube-scheduler", "kwok", "cluster-autoscaler", "helm")
 
 
 @dataclass(frozen=True)
@@ -279,6 +279,14 @@ def _builds() -> list[_GoBuild]:
                 f'metricsCertPath := os.Getenv("{KUEUE_METRICS_CERT_DIR_ENV}")\n'
                 '\t\tif metricsCertPath == "" {\n\t\t\tmetricsCertPath = "/etc/kueue/metrics/certs"\n\t\t}',
             )},
+        ),
+        _GoBuild(  # the version stamps helm's Makefile sets (Kubernetes 1.34: the client-go it builds with)
+            "helm", v.HELM_MODULE, v.HELM_VERSION, [f"{v.HELM_MODULE}/cmd/helm"],
+            ldflags="-s -w " + " ".join(
+                [f"-X {v.HELM_MODULE}/internal/version.version={v.HELM_VERSION}"]
+                + [f"-X {v.HELM_MODULE}/pkg/{p}.k8sVersion{k}={n}" for p in ("lint/rules", "chartutil")
+                   for k, n in (("Major", "1"), ("Minor", "34"))]
+            ),
         ),
         _GoBuild(
             "kubernetes",

@@ -16,6 +16,7 @@ ETCD_VERSION = "v3.6.16"
 KUBERAY_VERSION = "v1.6.2"
 KUEUE_VERSION = "v0.19.2"
 VOLCANO_VERSION = "v1.15.1"
+HELM_VERSION = "v3.19.0"  # the helm CLI for the chart tests; not part of bundle_id (added to a cache in place)
 # The ProvisioningRequest API module has no release tags; this is the commit Kueue v0.19.2 pins.
 AUTOSCALER_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
 GO_MIN = (1, 26)
@@ -35,6 +36,7 @@ VOLCANO_MODULE = "volcano.sh/volcano"
 AUTOSCALER_APIS_MODULE = "k8s.io/autoscaler/cluster-autoscaler/apis"
 AUTOSCALER_MODULE = "k8s.io/autoscaler/cluster-autoscaler"
 KWOK_MODULE = "sigs.k8s.io/kwok"
+HELM_MODULE = "helm.sh/helm/v3"
 
 
 def bundle_id() -> str:
