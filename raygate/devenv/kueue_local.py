@@ -11,7 +11,11 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,6 +31,38 @@ MUTATING = "kueue-mutating-webhook-configuration"
 VALIDATING = "kueue-validating-webhook-configuration"
 RAY_RESOURCES = frozenset({"rayjobs", "rayclusters"})
 PROCESS = "kueue"
+# What the Helm chart's controller_manager_config sets that changes how the controller runs (its
+# ports, certificates and framework list are about the install, not the controller's speed).
+CHART_KEYS = ("clientConnection", "controller", "leaderElection")
+
+
+@dataclass(frozen=True)
+class LocalKueue:
+    url: str  # https://127.0.0.1:<port> of its webhook server
+    ca_file: Path
+    config: dict[str, Any]  # the Configuration it was started with
+
+
+def _module(work: Path) -> Path:
+    return download_module(v.KUEUE_MODULE, v.KUEUE_VERSION, work)
+
+
+def chart_settings(work: Path) -> dict[str, Any]:
+    """The controller settings Kueue's own Helm chart ships (charts/kueue/values.yaml,
+    managerConfig.controllerManagerConfigYaml in the pinned module): client QPS and burst, per-kind
+    reconcile concurrency, leader election."""
+    values = yaml.safe_load((_module(work) / "charts/kueue/values.yaml").read_text())
+    shipped = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    return {k: shipped[k] for k in CHART_KEYS if k in shipped}
+
+
+def client_defaults(work: Path) -> dict[str, float]:
+    """Kueue's built-in client QPS and burst, used when the Configuration sets none."""
+    text = (_module(work) / "apis/config/v1beta2/defaults.go").read_text()
+    found = dict(re.findall(r"DefaultClientConnection(QPS|Burst)\s+\w+\s*=\s*([0-9.]+)", text))
+    if set(found) != {"QPS", "Burst"}:
+        raise RaygateError(f"Kueue {v.KUEUE_VERSION}: no client QPS/burst defaults in apis/config/v1beta2/defaults.go")
+    return {"qps": float(found["QPS"]), "burst": float(found["Burst"])}
 
 
 def _ray_webhooks(source: dict[str, Any], url: str, ca_bundle: str, reinvocation: str | None) -> dict[str, Any]:
@@ -55,8 +91,11 @@ def _ready(port: int) -> bool:
         return False
 
 
-def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded") -> None:
-    """Run Kueue with the RayJob and RayCluster integrations and register its Ray webhooks."""
+def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded",
+                settings: Mapping[str, Any] | None = None) -> LocalKueue:
+    """Run Kueue with the RayJob and RayCluster integrations and register its Ray webhooks.
+
+    `settings`: top-level Configuration fields to set on top (e.g. `chart_settings()`)."""
     state = cp.load_state()
     if state is None:
         raise RaygateError("start the control plane before Kueue")
@@ -76,6 +115,7 @@ def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded") -> None:
         "internalCertManagement": {"enable": False},
         "manageJobsWithoutQueueName": False,
         "integrations": {"frameworks": ["ray.io/rayjob", "ray.io/raycluster"]},
+        **(settings or {}),
     }
     config_file = work / "config.yaml"
     config_file.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
@@ -87,13 +127,14 @@ def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded") -> None:
     cp.wait_for(state, PROCESS, lambda: _ready(health_port), 60)
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
     url = f"https://127.0.0.1:{webhook_port}"
-    manifests = download_module(v.KUEUE_MODULE, v.KUEUE_VERSION, work) / "config/components/webhook/manifests.yaml"
+    manifests = _module(work) / "config/components/webhook/manifests.yaml"
     for source in yaml.safe_load_all(manifests.read_text()):
         if not source or source.get("kind") not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             continue
         mutating = source["kind"] == "MutatingWebhookConfiguration"
         obj = _ray_webhooks(source, url, ca_bundle, reinvocation if mutating else None)
         cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
+    return LocalKueue(url, ca_file, config)
 
 
 def stop_kueue(cp: ControlPlane) -> None:

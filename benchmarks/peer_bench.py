@@ -1,0 +1,439 @@
+"""Peer benchmark: the same GPU RayJobs through raygate and through Kueue's RayJob integration with
+its ProvisioningRequest admission check, side by side.
+
+Each run is one side on a fresh control plane (nothing cached, nothing left over), and the sides take
+turns round after round, so a machine that gets busier or quieter shifts both alike. One run:
+
+1. Create N RayJobs (the multi-group GPU sample: 2 GPU pod sets per job) at once from 16 client
+   threads. Per job, the time until a ProvisioningRequest for it exists (watched).
+2. Play cluster-autoscaler, identically for both: set Accepted and Provisioned on each request with
+   one status patch, either paced (5 requests/s) or all at once (8 client threads). Per job, the time
+   from the moment its patch was sent to the moment a watch on RayJobs shows `spec.suspend: false`.
+3. API writes per admitted job, counted by kube-apiserver (apiserver_request_total), minus the
+   benchmark's own (one create per job, one status patch per request) and minus Lease writes (leader
+   heartbeats grow with time, not jobs).
+4. The controller's peak RSS (VmHWM): raygate's reconciler; Kueue's manager, which also serves its
+   webhooks (raygate's webhook is a separate process, shown apart).
+
+The sides: raygate as shipped (webhook 2 workers x 8 threads, reconciler defaults); Kueue as
+raygate's tests run it (its built-in defaults); Kueue with the controller settings its own Helm chart
+ships (read from the pinned module). The JSON records every setting of each side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks import common
+from benchmarks.common import BenchError, Target
+from benchmarks.reconciler_bench import _delta, _kube, _pr_resource, _provisioned_patch, _wait_leader, scrape_writes
+from benchmarks.samples import rayjob
+from raygate import keys
+from raygate.informer import Informer
+from raygate.kube import JSON, MERGE_PATCH, RAYJOBS, Kube, Resource
+
+NAMESPACE = "peer-jobs"
+SIDES = ("raygate", "kueue", "kueue-helm")
+CONTROLLER = {"raygate": "raygate-reconciler", "kueue": "kueue", "kueue-helm": "kueue"}  # process names
+SIDE_TITLES = {"raygate": "raygate", "kueue": "Kueue (defaults)", "kueue-helm": "Kueue (Helm chart)"}
+PACINGS = {"5/s": 5.0, "at once": 0.0}
+CREATE_THREADS = 16
+PATCH_THREADS = 8
+WORKLOADS = Resource("kueue.x-k8s.io", "v1beta2", "workloads", "Workload")
+GPU = "nvidia.com/gpu"
+FLAVOR, CHECK, CLUSTER_QUEUE, LOCAL_QUEUE = "default-flavor", "gpu-provisioning", "gpu-cq", "gpu-lq"
+QUOTA = {"cpu": "10M", "memory": "10Ei", GPU: "10M"}  # ample: quota never decides anything here
+TARGET_RATIO = 1.0  # raygate is at least as fast as Kueue on every row
+# The raygate side as it ships: `raygate webhook` defaults to 2 workers x 8 threads in the chart.
+RAYGATE_WEBHOOK = {"workers": 2, "threads": 8}
+
+
+def kueue_objects(namespace: str, class_name: str) -> list[JSON]:
+    """A ResourceFlavor, the ProvisioningRequest admission check (for GPU pod sets, the class raygate
+    uses), a ClusterQueue with ample quota that requires it, and a LocalQueue."""
+    api = "kueue.x-k8s.io/v1beta2"
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+        {"apiVersion": api, "kind": "ProvisioningRequestConfig", "metadata": {"name": CHECK},
+         "spec": {"provisioningClassName": class_name, "managedResources": [GPU]}},
+        {"apiVersion": api, "kind": "AdmissionCheck", "metadata": {"name": CHECK},
+         "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request",
+                  "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": CHECK}}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{
+             "coveredResources": list(QUOTA),
+             "flavors": [{"name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in QUOTA.items()]}]}],
+             "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE, "namespace": namespace},
+         "spec": {"clusterQueue": CLUSTER_QUEUE}},
+    ]
+
+
+def job_manifest(name: str, side: str) -> JSON:
+    obj = rayjob(name, NAMESPACE)
+    if side != "raygate":
+        obj["metadata"]["labels"][keys.KUEUE_QUEUE_LABEL] = LOCAL_QUEUE
+    return obj
+
+
+# --- what the watches see --------------------------------------------------------------------------
+
+@dataclass
+class Tracker:
+    """First time (time.monotonic) each job reached each milestone, from watch events. Kueue's
+    requests are owned by the job's Workload, raygate's by the job itself."""
+
+    names: set[str]
+    created: dict[str, float] = field(default_factory=dict)
+    request_seen: dict[str, float] = field(default_factory=dict)
+    request_of: dict[str, str] = field(default_factory=dict)
+    unsuspended: dict[str, float] = field(default_factory=dict)
+    job_of_workload: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # workload -> requests seen early
+    changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def on_job(self, kind: str, obj: JSON) -> None:
+        now = time.monotonic()
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind != "DELETED" and name in self.names and (obj.get("spec") or {}).get("suspend") is False:
+            with self.changed:
+                self.unsuspended.setdefault(name, now)
+                self.changed.notify_all()
+
+    def on_workload(self, kind: str, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
+                with self.changed:
+                    self.job_of_workload[str(meta.get("name"))] = str(ref["name"])
+                    for request, seen in self.waiting.pop(str(meta.get("name")), []):
+                        self._seen(str(ref["name"]), request, seen)
+
+    def on_request(self, kind: str, obj: JSON) -> None:
+        now = time.monotonic()
+        if kind == "DELETED":
+            return
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name"))
+        for ref in meta.get("ownerReferences") or []:
+            with self.changed:
+                if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
+                    self._seen(str(ref["name"]), name, now)
+                elif ref.get("kind") == "Workload":
+                    job = self.job_of_workload.get(str(ref.get("name")))
+                    if job is None:
+                        self.waiting.setdefault(str(ref.get("name")), []).append((name, now))
+                    else:
+                        self._seen(job, name, now)
+
+    def _seen(self, job: str, request: str, when: float) -> None:
+        if job not in self.request_seen:
+            self.request_seen[job] = when
+            self.request_of[job] = request
+        self.changed.notify_all()
+
+    def wait(self, what: dict[str, float], timeout: float, label: str) -> bool:
+        deadline = time.monotonic() + timeout
+        last = time.monotonic()
+        with self.changed:
+            while len(what) < len(self.names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    print(f"bench: gave up waiting: {len(what)} of {len(self.names)} jobs {label}", flush=True)
+                    return False
+                self.changed.wait(min(left, 1.0))
+                if time.monotonic() - last > 10:
+                    print(f"bench: {len(what)} of {len(self.names)} jobs {label}", flush=True)
+                    last = time.monotonic()
+        return True
+
+
+# --- one side on one control plane -----------------------------------------------------------------
+
+def _wait_kueue_ready(kube: Kube, timeout: float = 60) -> None:
+    """The ClusterQueue is Active (its flavor and admission check are there and active)."""
+    cq = Resource("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = kube.get(cq, CLUSTER_QUEUE)
+        conds = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
+        if (conds.get("Active") or {}).get("status") == "True":
+            return
+        time.sleep(0.2)
+    raise BenchError(f"ClusterQueue {CLUSTER_QUEUE} not Active after {timeout:.0f}s: {conds.get('Active')}")
+
+
+def _setup(cp: Any, side: str, kube: Kube) -> dict[str, Any]:
+    """Start the side's processes; return the settings they run with."""
+    from raygate.devenv import raygate_local
+    from raygate.devenv.kueue_local import chart_settings, client_defaults, start_kueue
+    from raygate.policy import RaygateConfig
+
+    cp.kubectl("create", "namespace", NAMESPACE)
+    if side == "raygate":
+        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        raygate_local.start_webhook(cp, workers=RAYGATE_WEBHOOK["workers"], threads=RAYGATE_WEBHOOK["threads"])
+        raygate_local.start_reconciler(cp)
+        leader = _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
+        return {"webhook": RAYGATE_WEBHOOK, "reconciler": "defaults (16 workers, no client-side rate limit)",
+                     "leader": leader, "provisioning_class": RaygateConfig().defaults.provisioning.class_name}
+    chart = chart_settings(cp.workdir / "kueue") if side == "kueue-helm" else {}
+    local = start_kueue(cp, settings=chart)
+    class_name = RaygateConfig().defaults.provisioning.class_name
+    objs = kueue_objects(NAMESPACE, class_name)
+    cp.kubectl("apply", "-f", "-", input_text=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    _wait_kueue_ready(kube)
+    client = {**client_defaults(cp.workdir / "kueue"), **(local.config.get("clientConnection") or {})}
+    return {
+        "configuration": local.config, "effective_client_connection": client,
+        "settings_from_helm_chart": chart, "queue_objects": objs, "provisioning_class": class_name,
+    }
+
+
+def _cpu(cp: Any) -> dict[str, float]:
+    state = cp.load_state()
+    return {n: common.cpu_seconds(common.process_tree(p)) for n, p in (state.pids if state else {}).items()}
+
+
+def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]:
+    """One side, one pacing (rate requests/s; 0: all at once), on a fresh control plane."""
+    with common.control_plane() as cp:
+        kube = _kube(str(cp.kubeconfig), CREATE_THREADS * 2)
+        pr_res = _pr_resource(kube)
+        settings = _setup(cp, side, kube)
+        names = [f"job-{i:04d}" for i in range(jobs)]
+        tracker = Tracker(set(names))
+        watches = [Informer(_kube(str(cp.kubeconfig), 2), res, namespace=NAMESPACE, handler=h, resync_seconds=3600)
+                   for res, h in ((RAYJOBS, tracker.on_job), (pr_res, tracker.on_request),
+                                  *([(WORKLOADS, tracker.on_workload)] if side != "raygate" else []))]
+        for w in watches:
+            w.start()
+        if not all(w.wait_synced(30) for w in watches):
+            raise BenchError("the benchmark's own watches did not sync")
+        manifests = [job_manifest(n, side) for n in names]
+        writes0, cpu0 = scrape_writes(cp), _cpu(cp)
+
+        def create(obj: JSON) -> None:
+            kube.create(RAYJOBS, obj, NAMESPACE)
+            with tracker.changed:
+                tracker.created[obj["metadata"]["name"]] = time.monotonic()
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(CREATE_THREADS) as pool:
+            list(pool.map(create, manifests))
+        create_s = time.monotonic() - t0
+        all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
+        requests_s = max(tracker.request_seen.values(), default=math.nan) - t0
+        time.sleep(2)  # trailing writes of phase 1 land before the autoscaler's turn
+        with tracker.changed:
+            targets = sorted(tracker.request_of.items())
+        sent: dict[str, float] = {}
+        start = time.monotonic() + 0.2
+
+        def provision(item: tuple[int, tuple[str, str]]) -> None:
+            i, (job, request) = item
+            if rate:
+                time.sleep(max(start + i / rate - time.monotonic(), 0))
+            sent[job] = time.monotonic()
+            kube.patch(pr_res, request, _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH, sub="status")
+
+        # Paced: each patch waits for its slot (the pool only keeps a slow patch from delaying the next).
+        with ThreadPoolExecutor(PATCH_THREADS) as pool:
+            list(pool.map(provision, enumerate(targets)))
+        patch_s = time.monotonic() - start
+        all_unsuspended = tracker.wait(tracker.unsuspended, timeout, "unsuspended")
+        time.sleep(3)  # trailing writes (Events, status) of the last admissions
+        writes2, cpu2 = scrape_writes(cp), _cpu(cp)
+        hwm = {n: sum(common.status_kb(p, "VmHWM") for p in common.process_tree(q)) / 1024
+               for n, q in (cp.load_state().pids.items())}
+        for w in watches:
+            w.stop()
+        admitted = len(tracker.unsuspended)
+        delta = _delta(writes2, writes0)
+        by_resource: Counter[str] = Counter()
+        for (resource, sub, verb, _code), n in delta.items():
+            by_resource[f"{resource}{'/' + sub if sub else ''} {verb}"] += n
+        by_resource["ray.io/rayjobs POST"] -= jobs
+        by_resource[f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH"] -= len(targets)
+        leases = sum(n for k, n in by_resource.items() if k.startswith("coordination.k8s.io/leases"))
+        controller_writes = sum(n for k, n in by_resource.items() if not k.startswith("coordination.k8s.io/leases"))
+        controller = CONTROLLER[side]
+        return {
+            "side": side, "jobs": jobs, "rate": rate or None, "settings": settings,
+            "create_seconds": create_s, "all_requests": all_requests, "seconds_until_all_requests": requests_s,
+            "create_to_request_s": common.summary([tracker.request_seen[n] - tracker.created[n] for n in names
+                                                   if n in tracker.request_seen and n in tracker.created]),
+            "status_patch_seconds": patch_s, "all_unsuspended": all_unsuspended, "admitted": admitted,
+            "provisioned_to_unsuspended_s": common.summary([tracker.unsuspended[n] - sent[n] for n in sent
+                                                            if n in tracker.unsuspended]),
+            "writes_by_resource": {k: n for k, n in sorted(by_resource.items()) if n},
+            "controller_writes": controller_writes, "lease_writes": leases,
+            "writes_per_admitted_job": controller_writes / admitted if admitted else math.nan,
+            "controller_peak_rss_mb": hwm.get(controller, math.nan),
+            "peak_rss_mb_by_process": hwm,
+            "cpu_seconds_by_process": {n: round(cpu2.get(n, 0) - cpu0.get(n, 0), 2) for n in cpu2},
+            "loadavg_after": common.loadavg(),
+        }
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def _median(runs: list[dict[str, Any]], get: Any) -> float:
+    values = [v for r in runs if not math.isnan(v := float(get(r)))]
+    return statistics.median(values) if values else math.nan
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per side, the median over its runs of each row's figure."""
+    out: dict[str, dict[str, float]] = {}
+    for side in sorted({r["side"] for r in runs}, key=SIDES.index):
+        mine = [r for r in runs if r["side"] == side]
+        row: dict[str, float] = {}
+        for stat in ("p50", "p99"):
+            row[f"create_to_request_{stat}"] = _median(mine, lambda r, s=stat: r["create_to_request_s"][s])
+            for label, rate in PACINGS.items():
+                paced = [r for r in mine if (r["rate"] or 0.0) == rate]
+                row[f"unsuspend_{label}_{stat}"] = _median(
+                    paced, lambda r, s=stat: r["provisioned_to_unsuspended_s"][s] if r["all_unsuspended"] else math.nan)
+        row["writes_per_job"] = _median(mine, lambda r: r["writes_per_admitted_job"])
+        row["controller_rss_mb"] = _median(mine, lambda r: r["controller_peak_rss_mb"])
+        row["webhook_rss_mb"] = _median(mine, lambda r: r["peak_rss_mb_by_process"].get("raygate-webhook", math.nan))
+        controller = CONTROLLER[side]
+        row["controller_cpu_s_per_job"] = _median(mine, lambda r, c=controller: r["cpu_seconds_by_process"].get(
+            c, math.nan) / max(r["admitted"], 1))
+        out[side] = row
+    return out
+
+
+ROWS = (
+    ("create -> request exists, p50", "create_to_request_p50", "s"),
+    ("create -> request exists, p99", "create_to_request_p99", "s"),
+    ("Provisioned -> unsuspended, 5/s: p50", "unsuspend_5/s_p50", "ms"),
+    ("Provisioned -> unsuspended, 5/s: p99", "unsuspend_5/s_p99", "ms"),
+    ("Provisioned -> unsuspended, at once: p50", "unsuspend_at once_p50", "ms"),
+    ("Provisioned -> unsuspended, at once: p99", "unsuspend_at once_p99", "ms"),
+    ("API writes per admitted job", "writes_per_job", ""),
+    ("controller peak RSS (MB)", "controller_rss_mb", ""),
+    ("controller CPU ms per admitted job", "controller_cpu_s_per_job", "ms"),
+)
+
+
+def _cell(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "n/a"
+    if unit == "ms":
+        return f"{value * 1000:,.0f} ms"
+    if unit == "s":
+        return f"{value:.2f} s"
+    return common.fmt(value)
+
+
+def main(args: Any) -> int:
+    t0 = time.monotonic()
+    report: JSON = {"benchmark": "peer", "started": common.now_iso(), "machine": common.machine_info()}
+    logging.getLogger("raygate").setLevel(logging.ERROR)  # our watches complain when a control plane stops
+    sides = [s for s in SIDES if s in args.peer_sides]
+    runs: list[dict[str, Any]] = []
+    print(f"bench: peer: {args.peer_jobs} jobs, {args.peer_rounds} rounds of {', '.join(sides)} x "
+          f"{', '.join(PACINGS)}; load average {report['machine']['loadavg_at_start']}", flush=True)
+    for rnd in range(args.peer_rounds):
+        for label, rate in PACINGS.items():
+            # Alternate which side goes first, so neither always has the quieter slot.
+            order = sides if rnd % 2 == 0 else list(reversed(sides))
+            for side in order:
+                print(f"bench: round {rnd + 1}: {SIDE_TITLES[side]}, provisioned {label}", flush=True)
+                r = run_one(side, args.peer_jobs, rate, args.timeout)
+                r["round"] = rnd + 1
+                runs.append(r)
+                u, c = r["provisioned_to_unsuspended_s"], r["create_to_request_s"]
+                print(f"bench:   create->request p50 {c['p50']:.2f}s p99 {c['p99']:.2f}s; Provisioned->unsuspended "
+                      f"p50 {u['p50'] * 1000:.0f}ms p99 {u['p99'] * 1000:.0f}ms; {r['writes_per_admitted_job']:.1f} "
+                      f"writes/job; RSS {r['controller_peak_rss_mb']:.0f} MB; load {r['loadavg_after']}", flush=True)
+    agg = aggregate(runs)
+    report.update({"runs": runs, "median": agg, "jobs": args.peer_jobs, "rounds": args.peer_rounds,
+                   "pacings": PACINGS, "differences": DIFFERENCES})
+    base = agg.get("raygate", {})
+    # raygate's claim, judged per row: every Kueue setting takes at least as long and writes at least as much.
+    targets = [Target(f"{SIDE_TITLES[s]} / raygate: {label}", agg[s][key] / base[key] if base.get(key) else math.nan,
+                      ">=", TARGET_RATIO, "x")
+               for s in agg if s != "raygate" and base for label, key, _ in ROWS[:7]]
+    headers = ["measure (median of runs)"]
+    for s in agg:
+        headers.append(SIDE_TITLES[s])
+        if s != "raygate" and base:
+            headers.append("x raygate")
+    rows = []
+    for label, key, unit in ROWS:
+        row = [label]
+        for s, fig in agg.items():
+            row.append(_cell(fig[key], unit))
+            if s != "raygate" and base:
+                ratio = fig[key] / base[key] if base.get(key) else math.nan
+                row.append("n/a" if math.isnan(ratio) else f"{ratio:.1f}x")
+        rows.append(row)
+    if "raygate" in agg:
+        rows.append(["  raygate webhook peak RSS (MB; Kueue's is in its controller)",
+                     common.fmt(agg["raygate"]["webhook_rss_mb"]), *[""] * (len(headers) - 2)])
+    path = common.write_report("peer", report, targets, t0)
+    print()
+    print(common.table(headers, rows, f"raygate and Kueue {kueue_version()} side by side: {args.peer_jobs} GPU RayJobs "
+                                      f"(2 GPU pod sets each), {args.peer_rounds} interleaved rounds, fresh control "
+                                      "planes"))
+    print()
+    print(settings_text(runs))
+    print(common.report_footer(report, path))
+    return 0
+
+
+def kueue_version() -> str:
+    from raygate.devenv import versions
+
+    return versions.KUEUE_VERSION
+
+
+# What differs between the sides besides being different programs, and why (printed and in the JSON).
+DIFFERENCES = (
+    "Kueue's jobs carry kueue.x-k8s.io/queue-name (its opt-in); raygate's namespace carries raygate's "
+    "opt-in label: each side's documented way to manage a job, the RayJob is otherwise identical.",
+    "raygate's webhook runs as its own process (gunicorn 2 workers x 8 threads, as shipped); Kueue serves its "
+    "webhooks from the manager process: both sit in the path of every create and every update of a RayJob.",
+    "Kueue (defaults) runs with leader election off, as raygate's tests run it; Kueue (Helm chart) with the "
+    "chart's leaderElection, clientConnection and groupKindConcurrency; raygate elects a leader (its default). "
+    "Lease writes are left out of writes per job for every side.",
+    "Kueue's metrics endpoint is off (bindAddress 0: it needs certificates the local run does not make); "
+    "raygate's reconciler serves /metrics on a free port. Nothing scrapes either during a run.",
+    "Kueue must reserve quota before it makes a request: its ClusterQueue has quota no run can use up, so "
+    "the quota check always passes, as raygate has none.",
+)
+
+
+def settings_text(runs: list[dict[str, Any]]) -> str:
+    seen: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        seen.setdefault(r["side"], r["settings"])
+    lines = ["How each side ran (everything else is the same: API server, etcd, jobs, pacing, watches):"]
+    for side, s in seen.items():
+        if side == "raygate":
+            lines.append(f"- raygate: webhook {s['webhook']['workers']} workers x {s['webhook']['threads']} threads; "
+                         f"reconciler {s['reconciler']}; class {s['provisioning_class']}")
+            continue
+        cfg = s["configuration"]
+        cc = s["effective_client_connection"]
+        conc = (cfg.get("controller") or {}).get("groupKindConcurrency") or "controller-runtime default (1 each)"
+        lines.append(f"- {SIDE_TITLES[side]}: client QPS {cc['qps']:g}, burst {cc['burst']:g}"
+                     f"{'' if 'clientConnection' in cfg else ' (Kueue defaults)'}; groupKindConcurrency {conc}; "
+                     f"leaderElect {(cfg.get('leaderElection') or {}).get('leaderElect')}; check "
+                     f"{s['provisioning_class']} on {GPU} pod sets")
+    lines.append("Differences and why:")
+    lines += [f"- {d}" for d in DIFFERENCES]
+    return "\n".join(lines)
+
