@@ -15,8 +15,10 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import orjson
 
 from raygate import events, keys, logs
 from raygate.configsource import ConfigSource
@@ -67,6 +69,32 @@ def slim(obj: JSON) -> JSON:
     return obj
 
 
+def child_view(obj: JSON) -> JSON:
+    """What the reconciler reads of a child: its metadata (name, owner, the pod-sets annotation,
+    creation time) and status (a request's conditions). A PodTemplate's template is most of it."""
+    view: JSON = {"metadata": slim(obj).get("metadata") or {}}
+    if "status" in obj:
+        view["status"] = obj["status"]
+    return view
+
+
+# A request with one of these conditions True asks for one patch of its job (admit, retry or give up):
+# that job goes ahead of the queue.
+SETTLED_CONDITIONS = ("Provisioned", "Failed", "BookingExpired", "CapacityRevoked")
+
+
+def settled(request: JSON) -> bool:
+    found = flow.conditions(request)
+    return any(c in found and found[c].true for c in SETTLED_CONDITIONS)
+
+
+def event_subject(job: JSON) -> JSON:
+    """The fields of a job an Event refers to: a queued Event holds these, not the whole job."""
+    meta = job.get("metadata") or {}
+    return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"),
+            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
+
+
 def served_provreq_version(kube: Kube) -> str | None:
     for version in keys.PROVREQ_VERSIONS:
         if kube.served(keys.PROVREQ_GROUP, version):
@@ -92,7 +120,7 @@ class EventSender:
 
     def send(self, job: JSON, emit: flow.Emit) -> None:
         try:
-            self._queue.put_nowait((time.monotonic(), job, emit))
+            self._queue.put_nowait((time.monotonic(), event_subject(job), emit))
         except queue.Full:
             log.warning("event dropped: too many queued", extra={**logs.ref(job), "reason": emit.reason})
 
@@ -126,15 +154,16 @@ class Controller:
         if kube.served(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION):
             self.child_resources["PodGroup"] = PODGROUPS
         rs = self.options.resync_seconds
+        # Compact caches: ten thousand held jobs and their children fit in tens of MB, not hundreds.
         self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
-                                    handler=self._job_event(kind), transform=slim)
+                                    handler=self._job_event(kind), transform=slim, compact=True)
                      for kind, res in JOB_KINDS.items()}
         self.children = {kind: Informer(kube, res, label_selector=MANAGED_SELECTOR, resync_seconds=rs,
-                                        handler=self._child_event(kind), transform=slim)
+                                        handler=self._child_event(kind), transform=child_view, compact=True)
                          for kind, res in self.child_resources.items()}
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
-        self._fresh: dict[JobKey, tuple[str, JSON]] = {}  # (version patched from, version the patch returned)
+        self._fresh: dict[JobKey, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
@@ -158,8 +187,8 @@ class Controller:
     def start_workers(self) -> None:
         """Called once leading: every job is queued, so the new leader picks up every flow."""
         for kind, inf in self.jobs.items():
-            for obj in inf.items():
-                self.queue.add((kind, _meta(obj, "namespace"), _meta(obj, "name")))
+            for namespace, name in inf.cached_keys():
+                self.queue.add((kind, namespace, name))
         self._workers = run_workers(self.queue, self._handle, self.options.workers, name="reconcile")
 
     def stop(self, grace: float = 5.0) -> None:
@@ -170,10 +199,13 @@ class Controller:
         for inf in (*self.jobs.values(), *self.children.values()):
             inf.stop()
 
-    def all_jobs(self) -> list[JSON]:
-        """Held and admitted jobs; KubeRay's cluster of a RayJob carries its labels but is not one."""
-        return [o for kind, inf in self.jobs.items() for o in inf.items()
-                if kind != keys.RAYCLUSTER_KIND or not self.kuberay_child(o)]
+    def all_jobs(self) -> Iterator[JSON]:
+        """Held and admitted jobs, one at a time; KubeRay's cluster of a RayJob carries its labels but is
+        not one."""
+        for kind, inf in self.jobs.items():
+            for o in inf.iter_items():
+                if kind != keys.RAYCLUSTER_KIND or not self.kuberay_child(o):
+                    yield o
 
     def kuberay_child(self, obj: JSON) -> bool:
         """KubeRay's cluster of a RayJob raygate admitted: it carries the job's labels (state Admitted
@@ -208,7 +240,7 @@ class Controller:
                     if owner:
                         self._owned.setdefault(owner, set()).add(ck)
             if owner:
-                self.queue.add(owner)
+                self.queue.add(owner, urgent=kind == "ProvisioningRequest" and settled(obj))
 
         return handle
 
@@ -220,7 +252,7 @@ class Controller:
             fresh = self._fresh.pop(key, None)
             if obj is not None and fresh is not None and _meta(obj, "resourceVersion") == fresh[0]:
                 self._fresh[key] = fresh
-                obj = fresh[1]  # the cache still holds the version our own patch replaced
+                obj = orjson.loads(fresh[1])  # the cache still holds the version our own patch replaced
         if obj is not None and "kind" not in obj:
             obj = {**obj, "kind": kind, "apiVersion": JOB_KINDS[kind].api_version}
         return obj
@@ -332,7 +364,7 @@ class Controller:
                 job.setdefault("kind", key[0])
                 job.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
                 with self._lock:
-                    self._fresh[key] = (old_rv, job)
+                    self._fresh[key] = (old_rv, orjson.dumps(job))
                 self._count_step(action.step, w, now)
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
@@ -365,7 +397,7 @@ class Controller:
                 raise RefusedChild(f"the API server refused {action.kind} {meta['name']}: {err.message}") from None
             raise
         with self._lock:
-            self._created[ck] = created
+            self._created[ck] = child_view(created)
         return True
 
     def _delete(self, namespace: str, action: flow.Delete) -> None:

@@ -4,6 +4,10 @@ The same shape as client-go's rate-limited queue: a key added while it waits is 
 added while a worker holds it is queued again when the worker is done, so no change is lost and no
 key is processed by two workers at once; failures back off per key, so one bad job never stalls
 the others.
+
+Urgent keys go first: a key added with `urgent=True` (a job whose capacity just arrived, so one
+patch admits it) is handed out before the keys that were waiting, so that in a burst an admission
+does not queue behind creations or behind the echoes of earlier writes.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -34,22 +39,40 @@ class WorkQueue(Generic[K]):
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
-        self._ready: list[K] = []  # FIFO of keys that may be handed out
-        self._queued: set[K] = set()  # keys in _ready or waiting to re-enter it after processing
+        self._ready: deque[K] = deque()  # FIFO of keys that may be handed out
+        self._urgent: deque[K] = deque()  # handed out before _ready
+        self._in_urgent: set[K] = set()  # keys with an entry in _urgent
+        self._urgent_next: set[K] = set()  # added urgent while being worked on
+        self._queued: set[K] = set()  # keys in a lane or waiting to re-enter one after processing
         self._processing: set[K] = set()
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, seq, key)
         self._seq = 0
         self._failures: dict[K, int] = {}
         self._shutdown = False
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, urgent: bool = False) -> None:
+        """Queue `key` once. `urgent`: hand it out before the keys waiting now; a key already waiting
+        moves ahead (its old place is skipped when reached)."""
         with self._cond:
-            if self._shutdown or key in self._queued:
+            if self._shutdown:
+                return
+            if key in self._processing:
+                self._queued.add(key)  # back in a lane when the worker is done
+                if urgent:
+                    self._urgent_next.add(key)
+                return
+            if key in self._queued and not (urgent and key not in self._in_urgent):
                 return
             self._queued.add(key)
-            if key not in self._processing:
-                self._ready.append(key)
-                self._cond.notify()
+            self._append(key, urgent)
+            self._cond.notify()
+
+    def _append(self, key: K, urgent: bool) -> None:
+        if urgent:
+            self._urgent.append(key)
+            self._in_urgent.add(key)
+        else:
+            self._ready.append(key)
 
     def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:
@@ -98,8 +121,8 @@ class WorkQueue(Generic[K]):
                 if self._shutdown:
                     return None
                 wait = self._promote_due()
-                if self._ready:
-                    key = self._ready.pop(0)
+                key = self._next_ready()
+                if key is not None:
                     self._queued.discard(key)
                     self._processing.add(key)
                     return key
@@ -110,11 +133,26 @@ class WorkQueue(Generic[K]):
                     wait = left if wait is None else min(wait, left)
                 self._cond.wait(wait)
 
+    def _next_ready(self) -> K | None:
+        """Urgent keys first; an entry whose key was handed out from the other lane is skipped."""
+        while self._urgent:
+            key = self._urgent.popleft()
+            self._in_urgent.discard(key)
+            if key in self._queued and key not in self._processing:
+                return key
+        while self._ready:
+            key = self._ready.popleft()
+            if key in self._queued and key not in self._processing:
+                return key
+        return None
+
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
+            urgent = key in self._urgent_next
+            self._urgent_next.discard(key)
             if key in self._queued:  # added again while it was being worked on
-                self._ready.append(key)
+                self._append(key, urgent)
                 self._cond.notify()
 
     def shutdown(self) -> None:
@@ -126,11 +164,11 @@ class WorkQueue(Generic[K]):
         """Keys are waiting to be handed out now or being worked on (delayed keys do not count)."""
         with self._cond:
             self._promote_due()
-            return bool(self._ready) or bool(self._processing)
+            return bool(self._queued) or bool(self._processing)
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._ready) + len(self._delayed)
+            return len(self._queued) + len(self._delayed)
 
 
 def run_workers(queue: WorkQueue[K], handle: Callable[[K], None], count: int, name: str = "worker") -> list[

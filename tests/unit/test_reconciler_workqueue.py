@@ -76,3 +76,45 @@ def test_workers_process_every_key_and_a_failing_key_does_not_stall_others() -> 
 def test_lease_timing_must_be_ordered(duration: float, deadline: float, retry: float) -> None:
     with pytest.raises(ValueError, match="retry period < renew deadline < lease duration"):
         LeaseTiming(duration, deadline, retry)
+
+
+@pytest.mark.parametrize(("adds", "order"), [
+    ([("a", False), ("b", False), ("c", True)], ["c", "a", "b"]),  # urgent goes ahead of the waiting
+    ([("a", True), ("b", True), ("c", False)], ["a", "b", "c"]),  # urgent keys keep their own order
+    ([("a", False), ("b", False), ("b", True)], ["b", "a"]),  # a waiting key moves ahead, once
+    ([("a", True), ("a", False), ("b", False)], ["a", "b"]),  # a plain add does not move it back
+    ([("a", False), ("a", True), ("a", True)], ["a"]),  # never handed out twice
+])
+def test_urgent_keys_are_handed_out_first(adds: list[tuple[str, bool]], order: list[str]) -> None:
+    q: WorkQueue[str] = WorkQueue()
+    for key, urgent in adds:
+        q.add(key, urgent=urgent)
+    got = []
+    while (key := q.get(0)) is not None:
+        got.append(key)
+        q.done(key)
+    assert got == order
+
+
+def test_a_key_made_urgent_while_processing_comes_back_ahead() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    assert q.get(0) == "a"
+    q.add("b")
+    q.add("a", urgent=True)
+    assert q.get(0) == "b"  # "a" is still held by its first worker
+    q.add("c")
+    q.done("a")
+    q.add("d")
+    assert [q.get(0), q.get(0), q.get(0)] == ["a", "c", "d"]
+
+
+def test_a_key_handed_out_from_one_lane_is_not_handed_out_again_from_the_other() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add("a")
+    q.add("a", urgent=True)
+    assert q.get(0) == "a"
+    assert q.get(0) is None  # its normal-lane place is skipped
+    q.done("a")
+    assert q.get(0) is None
+    assert len(q) == 0 and not q.busy()
