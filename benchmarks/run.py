@@ -1,4 +1,5 @@
-"""`python -m benchmarks.run [webhook|reconciler|peer|startup|capacity|fuzz|all]` (`make bench` runs all).
+"""`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
+memory, startup, capacity, fuzz).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -35,7 +36,8 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
-                   choices=["webhook", "reconciler", "peer", "startup", "capacity", "fuzz", "all"])
+                   choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "fuzz",
+                            "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -58,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interleaved rounds; each runs every side at every pacing on a fresh control plane")
     pe.add_argument("--peer-sides", type=lambda t: t.split(","), default=["raygate", "kueue", "kueue-helm"],
                     help="comma-separated sides (default raygate,kueue,kueue-helm)")
+    m = p.add_argument_group("memory")
+    m.add_argument("--held-jobs", type=int, default=10_000, help="RayJobs held at once (default %(default)s)")
     f = p.add_argument_group("fuzz")
     f.add_argument("--fuzz-reviews", type=int, default=100_000, help="damaged reviews to send")
     f.add_argument("--seed", type=int, default=1, help="seed of the damage (the same seed sends the same reviews)")
@@ -71,11 +75,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from benchmarks import capacity_bench, fuzz, peer_bench, reconciler_bench, startup_bench, webhook_bench
+    from benchmarks import (
+        capacity_bench,
+        fuzz,
+        memory_bench,
+        peer_bench,
+        reconciler_bench,
+        startup_bench,
+        webhook_bench,
+    )
 
     benches: dict[str, Callable[[Any], int]] = {
-        "webhook": webhook_bench.main, "reconciler": reconciler_bench.main, "peer": peer_bench.main,
-        "startup": startup_bench.main, "capacity": capacity_bench.main, "fuzz": fuzz.main,
+        "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
+        "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
+        "capacity": capacity_bench.main, "fuzz": fuzz.main,
     }
     names = list(benches) if args.which == "all" else [args.which]
     failed = []

@@ -114,6 +114,8 @@ class ClientPlan:
     warmup: float
     duration: float
     interval: float = 0.0  # seconds between sends per connection (open loop); 0: closed loop
+    path: str = "/mutate"
+    expect_patch: bool = True  # a mutating answer: allowed with a patch; else allowed
 
 
 @dataclass
@@ -169,13 +171,13 @@ class _Conn:
             self.sock.close()
 
 
-def http_request(body: bytes, port: int) -> bytes:
-    return (b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
-            b"Accept: application/json\r\nContent-Length: %d\r\n\r\n" % (port, len(body))) + body
+def http_request(body: bytes, port: int, path: str = "/mutate") -> bytes:
+    return (b"POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            b"Accept: application/json\r\nContent-Length: %d\r\n\r\n" % (path.encode(), port, len(body))) + body
 
 
 def _client_thread(plan: ClientPlan, st: ClientState, index: int) -> None:
-    requests = [http_request(b, plan.port) for b in plan.bodies]
+    requests = [http_request(b, plan.port, plan.path) for b in plan.bodies]
     n = len(requests)
     conn: _Conn | None = None
     try:
@@ -213,7 +215,7 @@ def _client_thread(plan: ClientPlan, st: ClientState, index: int) -> None:
             status, data = post(requests[i % n])
             t1 = clock()
             i += 1
-            if status != 200 or b'"allowed":true' not in data or b'"patch"' not in data:
+            if status != 200 or b'"allowed":true' not in data or (plan.expect_patch and b'"patch"' not in data):
                 st.errors.append(f"HTTP {status}: {data[:200]!r}")
                 continue
             if t0 >= measure_from and t1 <= end:
@@ -259,7 +261,8 @@ def _bodies(n: int) -> list[bytes]:
 
 
 def drive(port: int, ca_file: str, concurrency: int, *, processes: int, warmup: float, duration: float,
-          server_pid: int, bodies: list[bytes], rate: float = 0.0) -> dict[str, Any]:
+          server_pid: int, bodies: list[bytes], rate: float = 0.0, path: str = "/mutate",
+          expect_patch: bool = True) -> dict[str, Any]:
     """Run `concurrency` keep-alive clients split over `processes` processes; return the figures.
 
     rate 0: closed loop (each client sends its next review when the last is answered); otherwise
@@ -273,7 +276,7 @@ def drive(port: int, ca_file: str, concurrency: int, *, processes: int, warmup: 
         for n in per:
             parent_end, child_end = ctx.Pipe()
             interval = concurrency / rate if rate else 0.0
-            plan = ClientPlan(port, ca_file, n, bodies, warmup, duration, interval)
+            plan = ClientPlan(port, ca_file, n, bodies, warmup, duration, interval, path, expect_patch)
             p = ctx.Process(target=_client_process, args=(plan, child_end), daemon=True)
             p.start()
             child_end.close()
@@ -360,6 +363,95 @@ def bench_served(settings: tuple[tuple[int, int], ...], concurrency: tuple[int, 
             cp.stop_process(name)
             out.append({"workers": workers, "threads": threads, "runs": runs})
     return out
+
+
+# --- (c) side by side with Kueue's RayJob webhooks ------------------------------------------------
+
+PEER_CONCURRENCY = (1, 8)
+
+
+def peer_bodies(n: int) -> dict[str, list[bytes]]:
+    """The same reviews for both: for the mutating webhooks a CREATE of a RayJob that carries Kueue's
+    queue label in a namespace opted in to raygate (each holds it: raygate with its labels and suspend,
+    Kueue with suspend); for the validating ones, that RayJob as raygate's mutation left it (suspended,
+    labelled), which both accept."""
+    import jsonpatch
+
+    from webhook.decision import mutate
+
+    cfg = RaygateConfig()
+    out: dict[str, list[bytes]] = {"mutate": [], "validate": []}
+    for i in range(n):
+        job = rayjob(f"llm-finetune-{i}", NAMESPACE)
+        job["metadata"]["labels"][keys.KUEUE_QUEUE_LABEL] = "gpu-lq"
+        review = admission_review(job, uid=str(uuid.uuid4()))
+        decision = mutate(review["request"], OPT_IN, cfg)
+        if not decision.patch:
+            raise BenchError(f"raygate did not hold the sample RayJob: {decision.outcome} {decision.message}")
+        held = jsonpatch.apply_patch(job, decision.patch)
+        out["mutate"].append(orjson.dumps(review))
+        out["validate"].append(orjson.dumps(admission_review(held, uid=str(uuid.uuid4()))))
+    return out
+
+
+def bench_peer(*, warmup: float, duration: float, client_processes: int) -> list[dict[str, Any]]:
+    """raygate's /mutate and /validate (2 workers x 8 threads, as shipped) and Kueue's RayJob webhooks
+    (served by its manager, as shipped), one after another on one control plane, same reviews."""
+    from raygate.devenv import kueue_local, raygate_local
+    from raygate.devenv.kueue_local import start_kueue
+
+    bodies = peer_bodies(256)
+    out = []
+    with common.control_plane() as cp:
+        cp.kubectl("create", "namespace", NAMESPACE)
+        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        hook = raygate_local.start_webhook(cp, workers=2, threads=8, register=False, name="raygate-webhook")
+        _wait_all_workers_ready(hook, 2)
+        kueue = start_kueue(cp)
+        state = cp.load_state()
+        if state is None:
+            raise BenchError("the control plane lost its state file")
+        targets = [
+            ("raygate", "/mutate", hook.url, str(hook.ca_file), state.pids["raygate-webhook"]),
+            ("raygate", "/validate", hook.url, str(hook.ca_file), state.pids["raygate-webhook"]),
+            ("Kueue", "/mutate-ray-io-v1-rayjob", kueue.url, str(kueue.ca_file), state.pids[kueue_local.PROCESS]),
+            ("Kueue", "/validate-ray-io-v1-rayjob", kueue.url, str(kueue.ca_file), state.pids[kueue_local.PROCESS]),
+        ]
+        for c in PEER_CONCURRENCY:
+            for who, path, url, ca, pid in targets:
+                mutating = "mutate" in path
+                r = drive(int(url.rsplit(":", 1)[1]), ca, c, processes=1 if c == 1 else client_processes,
+                          warmup=warmup, duration=duration, server_pid=pid,
+                          bodies=bodies["mutate" if mutating else "validate"], path=path, expect_patch=mutating)
+                r.update({"server": who, "path": path})
+                lat = r["latency_ms"]
+                print(f"bench: {who} {path} c={c}: {r['reviews_per_s']:,.0f}/s p50 {lat['p50']:.2f} ms "
+                      f"p99 {lat['p99']:.2f} ms, {r['server_cpu_ms_per_review']:.2f} ms CPU/review "
+                      f"(load {common.loadavg()[0]})", flush=True)
+                out.append(r)
+        kueue_local.stop_kueue(cp)
+    return out
+
+
+def peer_table(runs: list[dict[str, Any]]) -> str:
+    rows = []
+    for r in runs:
+        lat = r["latency_ms"]
+        mine = next((x for x in runs if x["server"] == "raygate" and x["concurrency"] == r["concurrency"]
+                     and ("mutate" in x["path"]) == ("mutate" in r["path"])), r)
+        rows.append([r["server"], r["path"], str(r["concurrency"]), r["reviews_per_s"], lat["p50"], lat["p99"],
+                     r["server_cpu_ms_per_review"], f"{mine['reviews_per_s'] / r['reviews_per_s']:.1f}x",
+                     r["loadavg_1m_after"]])
+    return common.table(
+        ["server", "path", "conc", "reviews/s", "p50 ms", "p99 ms", "srv CPU ms/rev", "raygate x", "load 1m"], rows,
+        f"The same RayJob AdmissionReview to raygate's and to Kueue {kueue_version()}'s RayJob webhooks "
+        "(keep-alive TLS)")
+
+
+def kueue_version() -> str:
+    from raygate.devenv import versions
+
+    return versions.KUEUE_VERSION
 
 
 def _wait_all_workers_ready(hook: Any, workers: int, timeout: float = 30) -> None:
@@ -452,6 +544,30 @@ def main(args: Any) -> int:
           "load 1m: the machine's 1-minute load average after the row (2 CPUs; above 2 others were competing).")
     print()
     print(f"Targets evaluated on {chosen['workers']} workers x {chosen['threads']} threads")
+    print(common.targets_table(targets))
+    print(common.report_footer(report, path))
+    return 0
+
+
+def peer_main(args: Any) -> int:
+    """`python -m benchmarks.run webhook-peer`: raygate's webhooks and Kueue's, side by side."""
+    t0 = time.monotonic()
+    report: dict[str, Any] = {"benchmark": "webhook-peer", "started": common.now_iso(),
+                              "machine": common.machine_info()}
+    print(f"bench: webhook-peer: load average {report['machine']['loadavg_at_start']}", flush=True)
+    runs = bench_peer(warmup=args.warmup, duration=args.duration, client_processes=args.client_processes)
+    report["runs"] = runs
+    at1 = {(r["server"], "mutate" in r["path"]): r for r in runs if r["concurrency"] == 1}
+    targets = [Target(f"{'mutate' if m else 'validate'} at concurrency 1: raygate / Kueue reviews/s",
+                      at1[("raygate", m)]["reviews_per_s"] / at1[("Kueue", m)]["reviews_per_s"], ">=", 1.0, "x")
+               for m in (True, False) if ("raygate", m) in at1 and ("Kueue", m) in at1]
+    path = common.write_report("webhook-peer", report, targets, t0)
+    print()
+    print(peer_table(runs))
+    print("raygate x: raygate's reviews/s on the same kind of webhook (mutating or validating) over this row's. srv "
+          "CPU: raygate's\ngunicorn master and workers, or the whole Kueue manager (its controllers idle meanwhile). "
+          f"{args.duration:.0f}s per row after {args.warmup:.0f}s warm-up.")
+    print()
     print(common.targets_table(targets))
     print(common.report_footer(report, path))
     return 0
