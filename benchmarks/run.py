@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--jobs", type=int, default=1000, help="RayJobs created at once")
     r.add_argument("--reconciler-workers", type=int, default=None,
                    help="pass --workers N to `raygate reconciler` (default: its own default)")
+    r.add_argument("--profile", action="store_true",
+                   help="sample the reconciler with py-spy and print where its CPU went")
     r.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
     pe = p.add_argument_group("peer (raygate and Kueue side by side)")
     pe.add_argument("--peer-jobs", type=int, default=200, help="GPU RayJobs per run (default %(default)s)")
