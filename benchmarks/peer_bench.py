@@ -44,6 +44,10 @@ from raygate.kube import JSON, MERGE_PATCH, RAYJOBS, Kube, Resource
 NAMESPACE = "peer-jobs"
 SIDES = ("raygate", "kueue", "kueue-helm")
 CONTROLLER = {"raygate": "raygate-reconciler", "kueue": "kueue", "kueue-helm": "kueue"}  # process names
+# What either controller writes for a job. Left out: Leases (leader heartbeats) and what the control
+# plane writes for itself (endpoints of the kubernetes Service).
+CONTROLLER_WRITES = ("kueue.x-k8s.io/", "ray.io/", "autoscaling.x-k8s.io/", "podtemplates ", "events ",
+                     "events.k8s.io/", "scheduling.volcano.sh/")
 SIDE_TITLES = {"raygate": "raygate", "kueue": "Kueue (defaults)", "kueue-helm": "Kueue (Helm chart)"}
 PACINGS = {"5/s": 5.0, "at once": 0.0}
 CREATE_THREADS = 16
@@ -104,7 +108,9 @@ class Tracker:
     def on_job(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
         name = str((obj.get("metadata") or {}).get("name") or "")
-        if kind != "DELETED" and name in self.names and (obj.get("spec") or {}).get("suspend") is False:
+        # Both webhooks store every job suspended; Kueue's unsuspend drops the field (false is Go's omitted
+        # zero value), raygate's writes false.
+        if kind != "DELETED" and name in self.names and (obj.get("spec") or {}).get("suspend") is not True:
             with self.changed:
                 self.unsuspended.setdefault(name, now)
                 self.changed.notify_all()
@@ -265,7 +271,7 @@ def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]
         by_resource["ray.io/rayjobs POST"] -= jobs
         by_resource[f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH"] -= len(targets)
         leases = sum(n for k, n in by_resource.items() if k.startswith("coordination.k8s.io/leases"))
-        controller_writes = sum(n for k, n in by_resource.items() if not k.startswith("coordination.k8s.io/leases"))
+        controller_writes = sum(n for k, n in by_resource.items() if k.startswith(CONTROLLER_WRITES))
         controller = CONTROLLER[side]
         return {
             "side": side, "jobs": jobs, "rate": rate or None, "settings": settings,
@@ -409,6 +415,8 @@ DIFFERENCES = (
     "Kueue (defaults) runs with leader election off, as raygate's tests run it; Kueue (Helm chart) with the "
     "chart's leaderElection, clientConnection and groupKindConcurrency; raygate elects a leader (its default). "
     "Lease writes are left out of writes per job for every side.",
+    "Out of a cluster Kueue's leader election needs its Lease namespace named: kueue-system, where the chart "
+    "installs it.",
     "Kueue's metrics endpoint is off (bindAddress 0: it needs certificates the local run does not make); "
     "raygate's reconciler serves /metrics on a free port. Nothing scrapes either during a run.",
     "Kueue must reserve quota before it makes a request: its ClusterQueue has quota no run can use up, so "

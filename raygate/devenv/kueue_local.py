@@ -51,6 +51,7 @@ def chart_settings(work: Path) -> dict[str, Any]:
     """The controller settings Kueue's own Helm chart ships (charts/kueue/values.yaml,
     managerConfig.controllerManagerConfigYaml in the pinned module): client QPS and burst, per-kind
     reconcile concurrency, leader election."""
+    work.mkdir(parents=True, exist_ok=True)
     values = yaml.safe_load((_module(work) / "charts/kueue/values.yaml").read_text())
     shipped = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
     return {k: shipped[k] for k in CHART_KEYS if k in shipped}
@@ -117,6 +118,9 @@ def start_kueue(cp: ControlPlane, *, reinvocation: str = "IfNeeded",
         "integrations": {"frameworks": ["ray.io/rayjob", "ray.io/raycluster"]},
         **(settings or {}),
     }
+    if config["leaderElection"].get("leaderElect"):
+        # In a cluster the Lease goes to the pod's namespace; out of one it must be named.
+        config["leaderElection"] = {"resourceNamespace": NAMESPACE, **config["leaderElection"]}
     config_file = work / "config.yaml"
     config_file.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
     cp.spawn(
