@@ -105,8 +105,7 @@ def run(jobs: int, timeout: float) -> dict[str, Any]:
         first_hwm, first_rss = _hwm_mb(first), (samples[-1] if samples else float("nan"))
         # A second reconciler takes over the same jobs: everything is listed at once.
         cp.stop_process("raygate-reconciler")
-        raygate_local.start_reconciler(cp, "--lease-duration", "2", "--retry-period", "0.5",
-                                       name="raygate-reconciler-2")
+        raygate_local.start_reconciler(cp, name="raygate-reconciler-2")  # the first released its Lease
         second = cp.load_state().pids["raygate-reconciler-2"]
         samples2: list[float] = []
         stop2 = threading.Event()

@@ -49,7 +49,7 @@ from benchmarks.common import BenchError, Target
 from benchmarks.samples import rayjob
 from raygate import keys
 from raygate.informer import Informer
-from raygate.kube import JSON, LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
+from raygate.kube import EVENTS, JSON, LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
 
 NAMESPACE = "bench-jobs"
 P99_TARGET_S = 0.25
@@ -217,9 +217,9 @@ def _delays(start: dict[str, float], end: dict[str, float]) -> list[float]:
     return [end[k] - start[k] for k in start if k in end]
 
 
-def probe_writes(cp: Any, kube: Kube, res: Resource, names: list[str], body: Callable[[int], JSON], content_type: str,
-                 sub: str | None, seconds: float = PROBE_SECONDS) -> dict[str, Any]:
-    """Write as fast as CLIENT_THREADS threads can for `seconds`, round-robin over `names`."""
+def probe_writes(cp: Any, write: Callable[[int], Any], seconds: float = PROBE_SECONDS) -> dict[str, Any]:
+    """Call `write(n)` as fast as CLIENT_THREADS threads can for `seconds`; writes/s and the CPU each
+    process used meanwhile (per write, CPU time is a fair measure even when other work shares the cores)."""
     stop = time.monotonic() + seconds
     counts = [0] * CLIENT_THREADS
     errors: list[str] = []
@@ -228,7 +228,7 @@ def probe_writes(cp: Any, kube: Kube, res: Resource, names: list[str], body: Cal
         n = i
         while time.monotonic() < stop:
             try:
-                kube.patch(res, names[n % len(names)], body(n), NAMESPACE, content_type=content_type, sub=sub)
+                write(n)
             except ApiError as err:
                 errors.append(str(err))
             counts[i] += 1
@@ -240,9 +240,35 @@ def probe_writes(cp: Any, kube: Kube, res: Resource, names: list[str], body: Cal
         list(pool.map(writer, range(CLIENT_THREADS)))
     elapsed = time.monotonic() - t0
     cpu1 = _cpu_by_process(cp)
-    cores = {n: round((cpu1[n] - cpu0.get(n, 0)) / elapsed, 2) for n in cpu1}
-    return {"writes_per_s": sum(counts) / elapsed, "seconds": elapsed, "errors": len(errors),
-            "error_sample": errors[:3], "cores_by_process": cores}
+    total = max(sum(counts), 1)
+    return {"writes_per_s": sum(counts) / elapsed, "writes": sum(counts), "seconds": elapsed, "errors": len(errors),
+            "error_sample": errors[:3],
+            "cores_by_process": {n: round((cpu1[n] - cpu0.get(n, 0)) / elapsed, 2) for n in cpu1},
+            "cpu_ms_per_write": {n: round((cpu1[n] - cpu0.get(n, 0)) * 1000 / total, 2) for n in cpu1}}
+
+
+def api_server_probe(cp: Any, kube: Kube, pr_res: Resource, requests: list[str], jobs: list[str]) -> dict[str, Any]:
+    """Each kind of write an admission takes, alone: the autoscaler's status patch, raygate's job patch
+    (through its validating webhook, then with the webhook unregistered) and an Event."""
+    from raygate.devenv.raygate_local import unregister_webhook
+
+    def annotate(n: int) -> Any:
+        body = {"metadata": {"annotations": {"bench.raygate.io/probe": str(n)}}}
+        return kube.patch(RAYJOBS, jobs[n % len(jobs)], body, NAMESPACE, content_type=MERGE_PATCH)
+
+    out = {
+        "request status patch": probe_writes(cp, lambda n: kube.patch(
+            pr_res, requests[n % len(requests)], _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH,
+            sub="status")),
+        "job patch (through the webhook)": probe_writes(cp, annotate),
+        "Event": probe_writes(cp, lambda n: kube.create(EVENTS, {
+            "metadata": {"name": f"probe-{n}", "namespace": NAMESPACE},
+            "involvedObject": {"kind": "RayJob", "name": jobs[n % len(jobs)], "namespace": NAMESPACE},
+            "reason": "Probe", "message": "benchmark probe", "type": "Normal"}, NAMESPACE)),
+    }
+    unregister_webhook(cp)
+    out["job patch (no webhook)"] = probe_writes(cp, annotate)
+    return out
 
 
 class Profiler:
@@ -413,13 +439,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
     listed = kube.list(RAYJOBS, NAMESPACE).get("items") or []
     check = _check_jobs(listed, kube.list(pr_res, NAMESPACE).get("items") or [])
     # The ceiling: how many writes/s the API server takes here, with nothing else going on.
-    requests = sorted(t for t in targets.values() if t)
-    probe = {
-        "request_status_patches": probe_writes(cp, kube, pr_res, requests, lambda n: _provisioned_patch(),
-                                               MERGE_PATCH, "status"),
-        "job_patches": probe_writes(cp, kube, RAYJOBS, names, lambda n: {"metadata": {"annotations": {
-            "bench.raygate.io/probe": str(n)}}}, MERGE_PATCH, None),
-    }
+    probe = api_server_probe(cp, kube, pr_res, sorted(t for t in targets.values() if t), names)
 
     return {
         "jobs": jobs,
@@ -488,6 +508,24 @@ def _writes_table(deltas: tuple[Counter[Any], Counter[Any]], bench: Counter[str]
             row["by_raygate"] = 0
         row["by_others"] = total - mine - row["by_raygate"]
     return sorted(rows.values(), key=lambda r: (-r["by_raygate"], r["resource"]))
+
+
+def probe_table(probe: dict[str, Any], jobs: int) -> str:
+    rows = []
+    for what, p in probe.items():
+        ms, cores = p["cpu_ms_per_write"], p["cores_by_process"]
+        rows.append([what, f"{p['writes_per_s']:.0f}", f"{ms.get('kube-apiserver', 0):.1f}", f"{ms.get('etcd', 0):.1f}",
+                     f"{ms.get('raygate-webhook', 0):.1f}", f"{cores.get('kube-apiserver', 0):.2f}"])
+    apiserver = {k: p["cpu_ms_per_write"].get("kube-apiserver", 0) + p["cpu_ms_per_write"].get("etcd", 0)
+                 + p["cpu_ms_per_write"].get("raygate-webhook", 0) for k, p in probe.items()}
+    per_admission = sum(apiserver[k] for k in ("request status patch", "job patch (through the webhook)", "Event"))
+    ceiling = 2000 / per_admission if per_admission else float("nan")
+    return common.table(
+        ["write (16 threads, each kind alone)", "per s", "apiserver CPU ms", "etcd CPU ms", "webhook CPU ms",
+         "apiserver cores"], rows, "What the API server takes here") + (
+        f"\nOne admission costs the control plane {per_admission:.1f} ms of CPU (status patch + job patch + Event, "
+        f"apiserver + etcd + webhook):\non 2 cores and nothing else running, at most {ceiling:.0f} admissions/s; "
+        f"{jobs:,} provisioned at once need {jobs / ceiling:.1f} s at the least." if per_admission else "")
 
 
 def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
@@ -603,20 +641,7 @@ def main(args: Any) -> int:
         "API writes counted by kube-apiserver (apiserver_request_total deltas)",
     ))
     print()
-    pr_probe, job_probe = flow["api_server_probe"]["request_status_patches"], flow["api_server_probe"]["job_patches"]
-
-    def cores(p: dict[str, Any]) -> str:
-        c = p["cores_by_process"]
-        return (f"kube-apiserver {c.get('kube-apiserver', 0):.2f}, etcd {c.get('etcd', 0):.2f}, webhook "
-                f"{c.get('raygate-webhook', 0):.2f}, reconciler {c.get('raygate-reconciler', 0):.2f}, benchmark "
-                f"{c.get('benchmark (this process)', 0):.2f} cores")
-
-    print(common.table(["writes", "per second", "cores used meanwhile"], [
-        ["request status patches (the autoscaler's)", f"{pr_probe['writes_per_s']:.0f}", cores(pr_probe)],
-        ["job patches through the webhook (the reconciler's)", f"{job_probe['writes_per_s']:.0f}", cores(job_probe)],
-    ], f"What the API server takes here ({CLIENT_THREADS} threads writing for {PROBE_SECONDS:.0f} s each)"))
-    burst = jobs / pr_probe["writes_per_s"] + jobs / job_probe["writes_per_s"]
-    print(f"A burst of {jobs:,} needs {jobs:,} of each: at these rates {burst:.1f} s of API server time at the least.")
+    print(probe_table(flow["api_server_probe"], jobs))
     for phase, prof in flow["profiles"].items():
         if prof.get("samples"):
             print()

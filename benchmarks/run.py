@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
     pe = p.add_argument_group("peer (raygate and Kueue side by side)")
     pe.add_argument("--peer-jobs", type=int, default=200, help="GPU RayJobs per run (default %(default)s)")
-    pe.add_argument("--peer-rounds", type=int, default=2,
+    pe.add_argument("--peer-rounds", type=int, default=1,
                     help="interleaved rounds; each runs every side at every pacing on a fresh control plane")
     pe.add_argument("--peer-sides", type=lambda t: t.split(","), default=["raygate", "kueue", "kueue-helm"],
                     help="comma-separated sides (default raygate,kueue,kueue-helm)")
