@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
 
 
 def server_message(exc: ApiException) -> str:

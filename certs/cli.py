@@ -6,11 +6,12 @@ import argparse
 import datetime as dt
 import os
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raygate.errors import RaygateError
-from raygate.keys import (
+from raygate.core.errors import RaygateError
+from raygate.core.keys import (
     MUTATING_WEBHOOK_CONFIG,
     SYSTEM_NAMESPACE,
     TLS_SECRET,
@@ -129,9 +130,16 @@ def load_api_client(kubeconfig: str | None) -> ApiClient:
         ) from exc
 
 
+def renew_forever(kubeconfig: str | None, namespace: str, stop_event: threading.Event) -> None:
+    """Keep the webhook certificate in `namespace` valid until `stop_event` is set (the reconciler runs this)."""
+    from raygate.certs.ensure import Spec, rotate_forever
+
+    rotate_forever(load_api_client(kubeconfig), Spec(namespace=namespace), stop_event=stop_event)
+
+
 def _ensure(args: argparse.Namespace) -> int:
-    from certs.ensure import Spec, ensure
-    from certs.inject import WebhookConfigs
+    from raygate.certs.ensure import Spec, ensure
+    from raygate.certs.inject import WebhookConfigs
 
     spec = Spec(
         namespace=args.namespace,
@@ -154,8 +162,8 @@ def _ensure(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from certs.rotation import describe
-    from certs.store import read_files, read_secret
+    from raygate.certs.store import read_files, read_secret
+    from raygate.core.pki import describe
 
     if args.dir is not None:
         stored, source = read_files(args.dir), f"directory {args.dir}"

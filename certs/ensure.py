@@ -13,8 +13,8 @@ from typing import Literal
 
 from kubernetes import client
 
-from certs.inject import Injection, WebhookConfigs, inject_ca_bundle
-from certs.rotation import (
+from raygate.certs.inject import Injection, WebhookConfigs, inject_ca_bundle
+from raygate.certs.rotation import (
     DEFAULT_CA_VALIDITY,
     DEFAULT_RENEW_BEFORE,
     DEFAULT_SERVING_VALIDITY,
@@ -22,13 +22,13 @@ from certs.rotation import (
     Policy,
     Stored,
     decide,
-    describe,
     issue,
     service_sans,
 )
-from certs.store import SecretConflict, read_secret, write_files, write_secret
-from raygate.errors import RaygateError
-from raygate.keys import SYSTEM_NAMESPACE, TLS_SECRET, WEBHOOK_SERVICE
+from raygate.certs.store import SecretConflict, read_secret, write_files, write_secret
+from raygate.core.errors import RaygateError
+from raygate.core.keys import SYSTEM_NAMESPACE, TLS_SECRET, WEBHOOK_SERVICE
+from raygate.core.pki import describe
 
 log = logging.getLogger(__name__)
 

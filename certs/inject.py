@@ -13,9 +13,9 @@ from typing import Any, Literal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs.apierrors import api_errors
-from raygate.errors import RaygateError
-from raygate.keys import FIELD_MANAGER, MUTATING_WEBHOOK_CONFIG, VALIDATING_WEBHOOK_CONFIG
+from raygate.certs.apierrors import api_errors
+from raygate.core.errors import RaygateError
+from raygate.core.keys import FIELD_MANAGER, MUTATING_WEBHOOK_CONFIG, VALIDATING_WEBHOOK_CONFIG
 
 log = logging.getLogger(__name__)
 

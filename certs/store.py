@@ -15,10 +15,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from certs.apierrors import api_errors
-from certs.rotation import Stored
-from raygate.errors import RaygateError
-from raygate.keys import FIELD_MANAGER
+from raygate.certs.apierrors import api_errors
+from raygate.certs.rotation import Stored
+from raygate.core.errors import RaygateError
+from raygate.core.keys import FIELD_MANAGER
 
 # The key names kubelet and every TLS consumer expect in a kubernetes.io/tls Secret (plus the CA).
 TLS_CERT = "tls.crt"

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raygate.policy import RaygateConfig
+from raygate.core.policy import RaygateConfig
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "charts" / "raygate" / "values.schema.json"
 _DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

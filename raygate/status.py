@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate import keys
-from raygate.errors import RaygateError
+from raygate.core import keys
+from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
-    from raygate.kube import ApiError, Kube, Resource
+    from raygate.kube.client import ApiError, Kube, Resource
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 SELECTOR = f"{keys.STATE_LABEL} in ({','.join(SHOWN_STATES)})"
@@ -167,7 +167,7 @@ def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) ->
 
 
 def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -> list[Held]:
-    from raygate.kube import RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.kube.client import RAYCLUSTERS, RAYJOBS, ApiError
 
     now = now or dt.datetime.now(dt.UTC)
     rows: list[Held] = []
@@ -182,7 +182,7 @@ def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from raygate.kube import Kube
+    from raygate.kube.client import Kube
 
     out = out or sys.stdout
     kube = Kube.connect(args.kubeconfig, user_agent="raygate-status")

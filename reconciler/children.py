@@ -14,11 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.kube import JSON
-from raygate.policy import NamespacePolicy
-from raygate.workload import PodSet, Workload, get
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import JSON, PodSet, Workload, get
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")

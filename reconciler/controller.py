@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate import events, keys, logs
-from raygate.configsource import ConfigSource
-from raygate.informer import Informer
-from raygate.kube import (
-    JSON,
+from raygate.core import keys, logs
+from raygate.core.workload import JSON, Workload, get
+from raygate.kube import events
+from raygate.kube.client import (
     JSON_PATCH,
     PODGROUPS,
     PODTEMPLATES,
@@ -34,10 +33,11 @@ from raygate.kube import (
     Resource,
     provisioning_requests,
 )
-from raygate.workload import Workload, get
-from reconciler import children, flow, metrics
-from reconciler.podgroup import QueueState, queue_state
-from reconciler.workqueue import Backoff, WorkQueue, run_workers
+from raygate.kube.configsource import ConfigSource
+from raygate.kube.informer import Informer
+from raygate.reconciler import children, flow, metrics
+from raygate.reconciler.podgroup import QueueState, queue_state
+from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 

@@ -16,14 +16,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygate import keys
-from raygate.kube import JSON
-from raygate.policy import CapacityRevokedAction, Mode, NamespacePolicy
-from raygate.workload import ManifestError, PodSet, Workload, get
-from reconciler import children, podgroup
-from reconciler.children import BadInput
-from reconciler.podgroup import QueueState
-from webhook.patch import PatchBuilder, PatchOp, pointer
+from raygate.core import keys
+from raygate.core.conditions import Condition, conditions
+from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.policy import CapacityRevokedAction, Mode, NamespacePolicy
+from raygate.core.workload import JSON, ManifestError, PodSet, Workload, get
+from raygate.reconciler import children, podgroup
+from raygate.reconciler.children import BadInput
+from raygate.reconciler.podgroup import QueueState
 
 QUEUE_RECHECK_SECONDS = 10.0
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
@@ -52,28 +52,6 @@ class Observed:
 
 def _name(obj: Mapping[str, Any]) -> str:
     return str(get(obj, ("metadata", "name"), ""))
-
-
-@dataclass(frozen=True)
-class Condition:
-    status: str
-    reason: str
-    message: str
-
-    @property
-    def true(self) -> bool:
-        return self.status == "True"
-
-
-def raw_conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """status.conditions by type, as written (malformed entries skipped)."""
-    return {str(c["type"]): c for c in get(obj, ("status", "conditions")) or []
-            if isinstance(c, Mapping) and c.get("type")}
-
-
-def conditions(obj: Mapping[str, Any]) -> dict[str, Condition]:
-    return {t: Condition(str(c.get("status", "")), str(c.get("reason") or ""), str(c.get("message") or ""))
-            for t, c in raw_conditions(obj).items()}
 
 
 # --- what the reconciler does -------------------------------------------------------------------

@@ -13,10 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raygate import keys
-from raygate.kube import JSON
-from raygate.workload import Workload, get
-from reconciler.children import BadInput, child_metadata
+from raygate.core import keys
+from raygate.core.workload import JSON, Workload, get
+from raygate.reconciler.children import BadInput, child_metadata
 
 OPEN = "Open"
 

@@ -13,8 +13,8 @@ import copy
 import itertools
 from typing import Any, Self
 
-from raygate import keys
-from raygate.policy import RaygateConfig
+from raygate.core import keys
+from raygate.core.policy import RaygateConfig
 
 IMAGE = "rayproject/ray:2.52.0"
 Res = dict[str, str]

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from types import ModuleType
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.policy import Mode, NamespacePolicy, RaygateConfig
-from raygate.workload import Gang, ManifestError, Workload, get
-from webhook import guard
-from webhook.modes import kueue, provisioning, volcano
-from webhook.patch import PatchBuilder, PatchOp
-from webhook.review import AdmissionRequest, username
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import Mode, NamespacePolicy, RaygateConfig
+from raygate.core.workload import Gang, ManifestError, Workload, get
+from raygate.webhook import guard
+from raygate.webhook.modes import kueue, provisioning, volcano
+from raygate.webhook.review import AdmissionRequest, username
 
 MODES: dict[Mode, ModuleType] = {Mode.PROVISIONING: provisioning, Mode.VOLCANO: volcano, Mode.KUEUE: kueue}
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})

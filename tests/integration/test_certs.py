@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane, free_port
-from webhook.registration import configurations
+from raygate.webhook.registration import configurations
 
 pytestmark = pytest.mark.integration
 

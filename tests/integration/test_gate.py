@@ -26,12 +26,12 @@ import pytest
 import yaml
 from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.workload import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube import (
+from raygate.kube.client import (
     EVENTS,
-    JSON,
     LEASES,
     MERGE_PATCH,
     PODGROUPS,
@@ -42,7 +42,7 @@ from raygate.kube import (
     ApiError,
     Kube,
 )
-from raygate.kube import provisioning_requests as _provisioning_requests
+from raygate.kube.client import provisioning_requests as _provisioning_requests
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 

@@ -77,14 +77,18 @@ def test_wheel_holds_every_package_and_the_console_scripts(wheel: Path) -> None:
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
         scripts = zf.read(entry_points).decode()
     top = {n.split("/", 1)[0] for n in names if "/" in n and ".dist-info" not in n}
-    assert top == {"raygate", "webhook", "reconciler", "certs"}
+    assert top == {"raygate"}, "the wheel must install one top-level name (webhook/ etc. as raygate.webhook)"
+    for component in ("webhook", "reconciler", "certs"):
+        assert f"raygate/{component}/__init__.py" in names, component
+    assert "raygate/webhook/modes/__init__.py" in names
     assert "raygate/py.typed" in names
     assert "raygate = raygate.cli:main" in scripts
     assert not any(n.startswith("tests/") for n in names)
 
 
 def test_installed_code_comes_from_the_wheel(venv_bin: Path, tmp_path: Path) -> None:
-    proc = _run([venv_bin / "python", "-c", "import raygate, webhook; print(raygate.__file__)"], cwd=tmp_path)
+    code = "import raygate.webhook, raygate.reconciler, raygate.certs; print(raygate.__file__)"
+    proc = _run([venv_bin / "python", "-c", code], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().startswith(str(venv_bin.parent)), proc.stdout
 

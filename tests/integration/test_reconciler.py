@@ -25,12 +25,12 @@ import pytest
 import yaml
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.workload import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
-from raygate.kube import (
+from raygate.kube.client import (
     EVENTS,
-    JSON,
     LEASES,
     MERGE_PATCH,
     PODGROUPS,

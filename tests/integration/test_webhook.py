@@ -16,7 +16,7 @@ import pytest
 from builders import RayJob
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_webhook, stop_webhook
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from certs import pki
-from certs.reload import ReloadingContext, gunicorn_ssl_context
-from raygate.errors import RaygateError
+from raygate.core import pki
+from raygate.core.errors import RaygateError
+from raygate.webhook.tls import ReloadingContext, gunicorn_ssl_context
 
 YEAR = dt.timedelta(days=365)
 
@@ -164,7 +164,7 @@ def test_bad_files_keep_the_old_certificate_and_log_once(
     else:
         put(cert, b"")
 
-    with caplog.at_level(logging.ERROR, logger="certs.reload"):
+    with caplog.at_level(logging.ERROR, logger="raygate.webhook.tls"):
         assert reloading.reload_if_changed() is False
         assert reloading.reload_if_changed() is False
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]

@@ -16,11 +16,11 @@ import jsonpointer
 import pytest
 from builders import RayCluster, RayJob, config, container, gpu_job, pod_template, request
 
-from raygate import keys
-from raygate.policy import KUBERAY_OPERATOR_USER, Mode, RaygateConfig
-from raygate.workload import Workload
-from webhook.decision import Decision, mutate, validate
-from webhook.patch import pointer
+from raygate.core import keys
+from raygate.core.patch import pointer
+from raygate.core.policy import KUBERAY_OPERATOR_USER, Mode, RaygateConfig
+from raygate.core.workload import Workload
+from raygate.webhook.decision import Decision, mutate, validate
 
 OPTED_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
 DEFAULT = config()

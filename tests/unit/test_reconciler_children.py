@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 
-from raygate import keys
-from raygate.kube import JSON
-from raygate.policy import NamespacePolicy, merge_override
-from raygate.workload import PodSet, Workload
-from reconciler import children, podgroup
-from reconciler.children import BadInput
+from raygate.core import keys
+from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.workload import JSON, PodSet, Workload
+from raygate.reconciler import children, podgroup
+from raygate.reconciler.children import BadInput
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
 

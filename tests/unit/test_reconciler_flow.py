@@ -9,12 +9,12 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from raygate import keys
-from raygate.policy import NamespacePolicy, merge_override
-from raygate.workload import Workload
-from reconciler import children, flow
-from reconciler.flow import Create, Delete, Emit, Observed, PatchJob, Plan
-from reconciler.podgroup import QueueState
+from raygate.core import keys
+from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.workload import Workload
+from raygate.reconciler import children, flow
+from raygate.reconciler.flow import Create, Delete, Emit, Observed, PatchJob, Plan
+from raygate.reconciler.podgroup import QueueState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 GPU = {"limits": {"nvidia.com/gpu": "1"}}

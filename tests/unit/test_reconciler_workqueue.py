@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from reconciler.leader import LeaseTiming
-from reconciler.workqueue import Backoff, WorkQueue, run_workers
+from raygate.reconciler.leader import LeaseTiming
+from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 
 def test_a_key_added_twice_is_handed_out_once() -> None:

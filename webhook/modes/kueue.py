@@ -7,11 +7,11 @@ raygate's; the validating webhook refuses a job that arrives unsuspended (decisi
 
 from __future__ import annotations
 
-from raygate import keys
-from raygate.policy import NamespacePolicy
-from raygate.workload import Gang, Workload
-from webhook.modes import queue
-from webhook.patch import PatchBuilder
+from raygate.core import keys
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Gang, Workload
+from raygate.webhook.modes import queue
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from raygate import keys
-from raygate.policy import NamespacePolicy
-from raygate.workload import Gang, Workload
-from webhook.patch import PatchBuilder
+from raygate.core import keys
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Gang, Workload
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from raygate.policy import NamespacePolicy
-from raygate.workload import Workload
-from webhook.patch import PatchBuilder
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Workload
 
 
 def chosen(w: Workload, policy: NamespacePolicy, label: str, configured: str | None) -> str | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.policy import NamespacePolicy
-from raygate.workload import Gang, Workload, get
-from webhook.modes import provisioning, queue
-from webhook.patch import PatchBuilder
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Gang, Workload, get
+from raygate.webhook.modes import provisioning, queue
 
 DEFAULT_QUEUE = "default"  # Volcano's built-in queue
 

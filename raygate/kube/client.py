@@ -19,9 +19,9 @@ from urllib.parse import quote, urlencode
 import orjson
 import urllib3
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
+from raygate.core.workload import JSON
 
-JSON = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
