@@ -175,11 +175,6 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
                          api_version: str, pod_sets_fingerprint: str) -> JSON:
     if not pod_sets:
         raise BadInput("no pod set requests a managed resource, so there is nothing to provision")
-    if len(pod_sets) > keys.PROVREQ_MAX_POD_SETS:
-        raise BadInput(
-            f"{len(pod_sets)} pod sets request {', '.join(policy.managed_resources)}, but a ProvisioningRequest "
-            f"holds at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"
-        )
     spec: JSON = {
         "provisioningClassName": policy.provisioning.class_name,
         "podSets": [{"podTemplateRef": {"name": template_name(w, p)}, "count": p.count} for p in pod_sets],

@@ -80,7 +80,7 @@ def test_wheel_holds_every_package_and_the_console_scripts(wheel: Path) -> None:
     assert top == {"raygate"}, "the wheel must install one top-level name (webhook/ etc. as raygate.webhook)"
     for component in ("webhook", "reconciler", "certs"):
         assert f"raygate/{component}/__init__.py" in names, component
-    assert "raygate/webhook/modes/__init__.py" in names
+    assert "raygate/core/modes/__init__.py" in names
     assert "raygate/py.typed" in names
     assert "raygate = raygate.cli:main" in scripts
     assert not any(n.startswith("tests/") for n in names)

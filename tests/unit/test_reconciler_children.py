@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from raygate.core import keys
+from raygate.core.modes import volcano
 from raygate.core.policy import NamespacePolicy, merge_override
-from raygate.core.workload import JSON, PodSet, Workload
-from raygate.reconciler import children, podgroup
+from raygate.core.workload import JSON, ManifestError, PodSet, Workload
+from raygate.reconciler import children, decision, podgroup
 from raygate.reconciler.children import BadInput
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
@@ -180,25 +181,28 @@ def test_bad_parameter_overrides_are_refused_with_a_reason(annotations: dict[str
 
 def test_more_than_32_pod_sets_is_refused() -> None:
     w = rayjob("train", *[group(f"g{i}") for i in range(33)])
-    with pytest.raises(BadInput, match="at most 32"):
-        request_for(w, gpu_sets(w), policy(), 1, "v1")
+    with pytest.raises(BadInput, match="books at most 32"):
+        decision.needs_of(w, policy())
 
 
 @pytest.mark.parametrize(("text", "message"), [
+    (None, "needs the PodGroup spec"),
     ("{not json", "not valid JSON"),
     ('["a"]', "minMember"),
     ('{"minMember": 3}', "names no queue"),
 ])
-def test_corrupted_pod_group_annotation_is_bad_input(text: str, message: str) -> None:
-    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text})
-    with pytest.raises(BadInput, match=message):
-        podgroup.recorded(w)
+def test_missing_or_corrupted_pod_group_annotation_is_bad_input(text: str | None, message: str) -> None:
+    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text} if text is not None else None)
+    with pytest.raises(ManifestError, match=message):
+        volcano.pod_group(w)
+    with pytest.raises(BadInput, match=message):  # and the reconciler fails the job with that reason
+        decision.needs_of(w, policy(mode="volcano"))
 
 
 def test_pod_group_from_the_recorded_spec() -> None:
     spec = {"minMember": 3, "minResources": {"nvidia.com/gpu": "2"}, "queue": "team-a"}
     w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
-    recorded = podgroup.recorded(w)
+    recorded = volcano.pod_group(w)
     assert recorded is not None and recorded.queue == "team-a"
     pg = podgroup.pod_group(w, recorded)
     assert pg["metadata"]["name"] == "ray-train-pg"  # the name the pods' group-name annotation points to

@@ -1,4 +1,4 @@
-"""Queue and priority labels, shared by the kueue and volcano modes."""
+"""Queue and priority labels, shared by the kueue and volcano modes (not a mode itself)."""
 
 from __future__ import annotations
 
