@@ -544,8 +544,11 @@ def test_mode_changes_leave_no_held_job_stranded(env: Env) -> None:
     wait(lambda: "is Closed" in annotations(env.get(NS["vswitch"], "RayCluster", "before-provisioning")).get(
         keys.REASON_ANNOTATION, ""), 30, "the volcano job to wait for its queue")
 
+    reconciler_log = env.cluster.logs / "gate-reconciler.log"
+    loads = reconciler_log.read_text().count('"config loaded"')
     env.apply_config(config(switched=True))  # provisioning -> kueue, volcano -> provisioning
-    time.sleep(1)  # the reconciler's watch delivers the new config
+    wait(lambda: reconciler_log.read_text().count('"config loaded"') > loads, 30,
+         "the reconciler to load the new config")
 
     # Held in provisioning mode, finished in provisioning mode: Provisioned admits it, Kueue never has to.
     set_conditions(env, NS["switch"], pr["metadata"]["name"], PROVISIONED)

@@ -8,12 +8,12 @@ import os
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from waiting import wait
 
 from raygate.core import pki
 from raygate.core.errors import RaygateError
@@ -201,9 +201,7 @@ def test_kubernetes_style_symlink_swap_is_picked_up_by_the_poller(
         assert server.peer_serial(ca) == serial(first)
         (tmp_path / "..data_tmp").symlink_to("..v2")
         os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
-        deadline = time.monotonic() + 10
-        while reloading.loaded.serial != serial(second) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait(lambda: reloading.loaded.serial == serial(second), 10, "the swapped Secret to be loaded", interval=0.05)
         assert server.peer_serial(ca) == serial(second)
 
 
