@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -166,26 +167,18 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
 # --- objects ------------------------------------------------------------------------------------
 
 def group(name: str, replicas: int, resources: JSON, **extra: Any) -> JSON:
-    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "rayStartParams": {},
-            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
-                                                  "resources": resources}]}}, **extra}
-
-
-def cluster_spec(*groups: JSON) -> JSON:
-    return {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
-        {"name": "ray-head", "image": "rayproject/ray:2.9.0", "resources": CPU}]}}},
-        "workerGroupSpecs": list(groups) or [group("gpu", 2, GPU)]}
+    return {**worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10,
+                           requests=resources.get("requests"), limits=resources.get("limits")), **extra}
 
 
 def raycluster(name: str, *groups: JSON, **meta: Any) -> JSON:
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, **meta},
-            "spec": cluster_spec(*groups)}
+    return (RayCluster(name, None).meta(**meta).head(requests=CPU["requests"], limits=CPU["limits"])
+            .groups(*(groups or [group("gpu", 2, GPU)])).obj())
 
 
 def rayjob(name: str, *groups: JSON) -> JSON:
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-            "spec": {"entrypoint": "python -c 'print(1)'", "shutdownAfterJobFinishes": True,
-                     "rayClusterSpec": cluster_spec(*groups)}}
+    return (RayJob(name, None).head(requests=CPU["requests"], limits=CPU["limits"])
+            .groups(*(groups or [group("gpu", 2, GPU)])).obj())
 
 
 def labels(obj: JSON) -> dict[str, str]:

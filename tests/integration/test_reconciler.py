@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -161,10 +162,8 @@ def set_queue_state(kube: Kube, state: str) -> None:
 # --- objects ------------------------------------------------------------------------------------
 
 def worker(name: str, replicas: int, resources: dict[str, Any]) -> dict[str, Any]:
-    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10,
-            "rayStartParams": {},
-            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
-                                                  "resources": resources}]}}}
+    return worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10,
+                        requests=resources.get("requests"), limits=resources.get("limits"))
 
 
 GPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
@@ -172,19 +171,9 @@ CPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
 
 
 def rayjob(name: str, *, gpus: int = 2, groups: list[dict[str, Any]] | None = None) -> JSON:
-    return {
-        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-        "spec": {
-            "entrypoint": "python -c 'print(1)'",
-            "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {
-                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
-                    {"name": "ray-head", "image": "rayproject/ray:2.9.0", "resources": CPU}]}}},
-                "workerGroupSpecs": groups if groups is not None else (
-                    [worker("gpu", gpus, GPU)] if gpus else [worker("cpu", 1, CPU)]),
-            },
-        },
-    }
+    if groups is None:
+        groups = [worker("gpu", gpus, GPU)] if gpus else [worker("cpu", 1, CPU)]
+    return RayJob(name, None).head(requests=CPU["requests"], limits=CPU["limits"]).groups(*groups).obj()
 
 
 def create(env: Env, ns: str, obj: JSON) -> JSON:

@@ -16,8 +16,10 @@ from raygate.core.workload import Workload
 
 
 def job(annotations: dict[str, str]) -> Workload:
-    return Workload({"apiVersion": "ray.io/v1", "kind": "RayJob",
-                     "metadata": {"name": "train", "namespace": "ns", "annotations": annotations}})
+    b = gpu_job("train", "ns")
+    for key, value in annotations.items():
+        b.annotation(key, value)
+    return Workload(b.obj())
 
 
 def test_every_mode_has_rules() -> None:

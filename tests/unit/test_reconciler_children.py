@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from builders import RayJob, container, pod_template, worker_group
 
 from raygate.core import keys
 from raygate.core.modes import volcano
@@ -18,24 +19,20 @@ GPU = {"limits": {"nvidia.com/gpu": "1"}}
 
 
 def group(name: str, replicas: int = 1, hosts: int = 1, resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "numOfHosts": hosts,
-        "template": {"metadata": {"annotations": {"keep": "me"}},
-                     "spec": {"containers": [{"name": "w", "image": "ray", "resources": resources or GPU}]}},
-    }
+    """A worker group whose pod template carries an annotation of its own (a copy must keep it)."""
+    res = resources or GPU
+    template = pod_template(container("w", requests=res.get("requests"), limits=res.get("limits")))
+    template["metadata"] = {"annotations": {"keep": "me"}}
+    return worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10, hosts=hosts, template=template)
 
 
 def rayjob(name: str = "train", *groups: dict[str, Any], annotations: dict[str, str] | None = None,
            uid: str = "uid-1") -> Workload:
-    return Workload({
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "7",
-                     "labels": {keys.STATE_LABEL: "Pending"}, "annotations": annotations or {}},
-        "spec": {"suspend": True, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray"}]}}},
-            "workerGroupSpecs": list(groups) or [group("gpu")],
-        }},
-    })
+    b = (RayJob(name, "ns").meta(uid=uid, resourceVersion="7").label(keys.STATE_LABEL, "Pending").suspend(True)
+         .groups(*(groups or [group("gpu")])))
+    for key, value in (annotations or {}).items():
+        b.annotation(key, value)
+    return Workload(b.obj())
 
 
 def policy(**override: Any) -> NamespacePolicy:

@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from builders import RayJob
 
 from raygate.core import keys
 from raygate.core.policy import NamespacePolicy, merge_override
@@ -17,27 +18,23 @@ from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob
 from raygate.reconciler.podgroup import QueueState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
-GPU = {"limits": {"nvidia.com/gpu": "1"}}
-CPU = {"requests": {"cpu": "1"}}
+GPU = {"nvidia.com/gpu": "1"}
+CPU = {"cpu": "1"}
 
 
 def job(state: str = "Pending", *, gpu: bool = True, annotations: dict[str, str] | None = None,
         suspend: bool = True, status: dict[str, Any] | None = None, workers: int = 2) -> Workload:
-    return Workload({
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": "train", "namespace": "ns", "uid": "u1", "resourceVersion": "41", "generation": 3,
-                     "creationTimestamp": "2030-01-01T11:59:00Z",
-                     "labels": {keys.STATE_LABEL: state},
-                     "annotations": {keys.MODE_ANNOTATION: "provisioning", **(annotations or {})}},
-        "spec": {"suspend": suspend, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray",
-                                                                     "resources": CPU}]}}},
-            "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers, "minReplicas": 0, "maxReplicas": 9,
-                                  "template": {"spec": {"containers": [
-                                      {"name": "w", "image": "ray", "resources": GPU if gpu else CPU}]}}}],
-        }},
-        "status": status or {},
-    })
+    """A RayJob as the API server returns it while raygate holds it (state `state`, provisioning mode)."""
+    b = (RayJob("train", "ns")
+         .meta(uid="u1", resourceVersion="41", generation=3, creationTimestamp="2030-01-01T11:59:00Z")
+         .label(keys.STATE_LABEL, state).annotation(keys.MODE_ANNOTATION, "provisioning").suspend(suspend)
+         .head(requests=CPU)
+         .worker("gpu", replicas=workers, min_replicas=0, max_replicas=9,
+                 limits=GPU if gpu else None, requests=None if gpu else CPU)
+         .set("status", value=status or {}))
+    for key, value in (annotations or {}).items():
+        b.annotation(key, value)
+    return Workload(b.obj())
 
 
 def policy(**override: Any) -> NamespacePolicy:
