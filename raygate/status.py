@@ -133,25 +133,6 @@ def render_json(rows: list[Held], out: TextIO) -> None:
     out.write(json.dumps({"kind": "RaygateStatus", "items": [r.as_json() for r in rows]}, indent=2) + "\n")
 
 
-IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def _context_namespace(kubeconfig: str | None) -> str:
-    import os
-    from pathlib import Path
-
-    from kubernetes import config
-
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and Path(IN_CLUSTER_NAMESPACE).is_file():
-        return Path(IN_CLUSTER_NAMESPACE).read_text().strip() or "default"
-    try:
-        _, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError, TypeError, ValueError):
-        return "default"
-    ns = (current or {}).get("context", {}).get("namespace")
-    return str(ns) if ns else "default"
-
-
 def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) -> RaygateError:
     where = f"in namespace {namespace}" if namespace else "in all namespaces"
     what = f"{res.plural}.{res.group}"
@@ -182,11 +163,11 @@ def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from raygate.kube.client import Kube
+    from raygate.kube.client import Kube, context_namespace
 
     out = out or sys.stdout
     kube = Kube.connect(args.kubeconfig, user_agent="raygate-status")
-    namespace = None if args.all_namespaces else (args.namespace or _context_namespace(args.kubeconfig))
+    namespace = None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
     rows = collect(kube, namespace)
     if args.output == "json":
         render_json(rows, out)

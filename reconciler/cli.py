@@ -11,14 +11,18 @@ import threading
 import uuid
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
 
+if TYPE_CHECKING:
+    from raygate.kube.client import Kube
+
 log = logging.getLogger("raygate.reconciler")
 
-CertificateRenewal = Callable[[str | None, str, threading.Event], None]
-"""(kubeconfig, namespace, stop): renews the webhook certificate in `namespace` until stop is set."""
+CertificateRenewal = Callable[["Kube", str, threading.Event], None]
+"""(client, namespace, stop): renews the webhook certificate in `namespace` until stop is set."""
 
 
 def _positive(text: str) -> float:
@@ -119,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     housekeeping = Housekeeping(
         kube, config,
         renew_certificates=None if renewal is None else (
-            lambda stop: renewal(args.kubeconfig, args.namespace, stop)),
+            lambda stop: renewal(kube, args.namespace, stop)),
     ).start()
     server = metrics.serve(args.metrics_port, controller.not_ready)
     from prometheus_client import REGISTRY

@@ -41,9 +41,11 @@ def test_the_contracts_hold() -> None:
         ("reconciler/children.py", "from raygate.kube import client", "Pure decisions"),
         ("core/modes/_scratch.py", "import flask", "Pure decisions"),
         ("_scratch.py", "import raygate.core", "Layers"),  # a new module must be placed in a layer
+        ("certs/_scratch.py", "from kubernetes import client", "One Kubernetes client"),
     ],
     ids=["core-imports-webhook", "kube-imports-reconciler", "core-imports-a-command", "webhook-imports-reconciler",
-         "certs-imports-webhook", "decision-imports-the-client", "mode-imports-flask", "unplaced-module"],
+         "certs-imports-webhook", "decision-imports-the-client", "mode-imports-flask", "unplaced-module",
+         "certs-uses-a-second-client"],
 )
 def test_an_import_against_the_layers_fails_the_check(tmp_path: Path, scratch: str, imports: str,
                                                       broken: str) -> None:
