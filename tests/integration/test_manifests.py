@@ -1,4 +1,4 @@
-"""The install manifests (config/): rendered by kustomize, checked against raygate/keys.py and the CLI,
+"""The install manifests (config/): rendered by kustomize, checked against raygate/core/keys.py and the CLI,
 dry-run applied to a real kube-apiserver, and the RBAC proven with `kubectl auth can-i`."""
 
 from __future__ import annotations
