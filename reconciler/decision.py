@@ -196,7 +196,7 @@ class Observed:
 class Needs:
     """What one held job needs: the pod sets that go into a request, and the PodGroup (volcano).
 
-    (Not workload.Gang, the whole needs of a job: these are the parts of it raygate books.)"""
+    (Not workload.Gang, the whole gang of a job: these are the parts of it raygate books.)"""
 
     managed: tuple[PodSet, ...]
     provision: bool
@@ -325,7 +325,7 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     if request is not None:
         why = f"ProvisioningRequest {request} is Provisioned"
     elif needs.pod_group is not None:
-        why = f"PodGroup {needs.pod_group.name} in Volcano queue {needs.pod_group.queue} needs-schedules the pods"
+        why = f"PodGroup {needs.pod_group.name} in Volcano queue {needs.pod_group.queue} gang-schedules the pods"
     elif needs.managed:
         why = "ProvisioningRequests are disabled for this namespace"
     else:

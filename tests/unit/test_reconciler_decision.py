@@ -324,6 +324,9 @@ def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
     assert kinds(plan) == ["create PodGroup", "patch admit", "event Admitted"]
     pg = plan.actions[0].obj  # type: ignore[union-attr]
     assert pg["metadata"]["name"] == "ray-train-pg" and pg["spec"]["queue"] == "team-a"
+    after = applied(w, plan)
+    assert after["metadata"]["annotations"][keys.REASON_ANNOTATION] == (
+        "admitted: PodGroup ray-train-pg in Volcano queue team-a gang-schedules the pods")
 
 
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
