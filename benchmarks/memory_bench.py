@@ -20,9 +20,10 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.reconciler_bench import _kube, _pr_resource, _wait_leader
 from benchmarks.samples import rayjob
-from raygate import keys
-from raygate.informer import Informer
-from raygate.kube import JSON, RAYJOBS
+from raygate.core import keys
+from raygate.core.workload import JSON
+from raygate.kube.client import RAYJOBS
+from raygate.kube.informer import Informer
 
 NAMESPACE = "held-jobs"
 RSS_TARGET_MB = 200.0

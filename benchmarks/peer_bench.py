@@ -37,9 +37,10 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.reconciler_bench import _delta, _kube, _pr_resource, _provisioned_patch, _wait_leader, scrape_writes
 from benchmarks.samples import rayjob
-from raygate import keys
-from raygate.informer import Informer
-from raygate.kube import JSON, MERGE_PATCH, RAYJOBS, Kube, Resource
+from raygate.core import keys
+from raygate.core.workload import JSON
+from raygate.kube.client import MERGE_PATCH, RAYJOBS, Kube, Resource
+from raygate.kube.informer import Informer
 
 NAMESPACE = "peer-jobs"
 SIDES = ("raygate", "kueue", "kueue-helm")
@@ -180,9 +181,9 @@ def _wait_kueue_ready(kube: Kube, timeout: float = 60) -> None:
 
 def _setup(cp: Any, side: str, kube: Kube) -> dict[str, Any]:
     """Start the side's processes; return the settings they run with."""
+    from raygate.core.policy import RaygateConfig
     from raygate.devenv import raygate_local
     from raygate.devenv.kueue_local import chart_settings, client_defaults, start_kueue
-    from raygate.policy import RaygateConfig
 
     cp.kubectl("create", "namespace", NAMESPACE)
     if side == "raygate":

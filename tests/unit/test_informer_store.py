@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from raygate.informer import Informer
-from raygate.kube import RAYJOBS
-from reconciler.controller import child_view, event_subject, settled, slim
+from raygate.kube.client import RAYJOBS
+from raygate.kube.informer import Informer
+from raygate.reconciler.controller import child_view, event_subject, settled, slim
 
 
 def job(name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import orjson
 
-from raygate.kube import JSON, ApiError, Kube, Resource
+from raygate.core.workload import JSON
+from raygate.kube.client import ApiError, Kube, Resource
 
 log = logging.getLogger("raygate.informer")
 
