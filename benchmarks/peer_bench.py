@@ -191,7 +191,7 @@ def _setup(cp: Any, side: str, kube: Kube) -> dict[str, Any]:
         raygate_local.start_webhook(cp, workers=RAYGATE_WEBHOOK["workers"], threads=RAYGATE_WEBHOOK["threads"])
         raygate_local.start_reconciler(cp)
         leader = _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
-        return {"webhook": RAYGATE_WEBHOOK, "reconciler": "defaults (16 workers, no client-side rate limit)",
+        return {"webhook": RAYGATE_WEBHOOK, "reconciler": "defaults (64 workers, no client-side rate limit)",
                      "leader": leader, "provisioning_class": RaygateConfig().defaults.provisioning.class_name}
     chart = chart_settings(cp.workdir / "kueue") if side == "kueue-helm" else {}
     local = start_kueue(cp, settings=chart)

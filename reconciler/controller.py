@@ -54,7 +54,7 @@ REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 
 @dataclass(frozen=True)
 class Options:
-    workers: int = 16
+    workers: int = 64
     resync_seconds: float = 300.0
 
 
