@@ -298,6 +298,12 @@ class Profiler:
         return summarize_profile(Path(self.out).read_text())
 
 
+def _frame(text: str) -> str:
+    """`function (path/to/file.py:line)` -> `function (file.py)`."""
+    name, _, where = text.partition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0].rsplit('/', 1)[-1].rstrip(')')})" if where else name
+
+
 def summarize_profile(text: str, top: int = 15) -> dict[str, Any]:
     """From py-spy's collapsed stacks: the share of samples in which each function is on the stack
     (inclusive) and on top (self), for raygate's own code and the libraries it calls."""
@@ -310,8 +316,7 @@ def summarize_profile(text: str, top: int = 15) -> dict[str, Any]:
             continue
         count = int(n)
         total += count
-        frames = [f.split(" (")[0] + " (" + f.split(" (")[-1].split(":")[0].rsplit("/", 1)[-1]
-                  for f in stack.split(";") if f]
+        frames = [_frame(f) for f in stack.split(";") if f]
         for f in set(frames[1:]):  # the first frame is the thread
             inclusive[f] += count
         if len(frames) > 1:

@@ -1,0 +1,71 @@
+"""The peer benchmark's bookkeeping: which job a request is for, when a job counts as unsuspended, and
+how a py-spy profile is summed up. Pure: events are fed in by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from benchmarks.peer_bench import Tracker, kueue_objects
+from benchmarks.reconciler_bench import summarize_profile
+
+
+def owned(name: str, kind: str, owner: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "ownerReferences": [{"kind": kind, "name": owner, "controller": True}]}}
+
+
+def test_a_raygate_request_is_its_jobs_at_once() -> None:
+    t = Tracker({"job-1"})
+    t.on_request("ADDED", owned("job-1-abc-a1", "RayJob", "job-1"))
+    assert t.request_of == {"job-1": "job-1-abc-a1"} and "job-1" in t.request_seen
+
+
+@pytest.mark.parametrize("workload_first", [True, False])
+def test_a_kueue_request_is_the_job_of_its_workload_in_either_order(workload_first: bool) -> None:
+    t = Tracker({"job-1", "job-2"})
+    events = [(t.on_workload, owned("rayjob-job-1-x", "RayJob", "job-1")),
+              (t.on_request, owned("rayjob-job-1-x-check-1", "Workload", "rayjob-job-1-x"))]
+    for handler, obj in events if workload_first else reversed(events):
+        handler("ADDED", obj)
+    assert t.request_of == {"job-1": "rayjob-job-1-x-check-1"}
+    assert set(t.request_seen) == {"job-1"} and not t.waiting
+
+
+def test_the_first_request_of_a_job_is_the_one_timed() -> None:
+    t = Tracker({"job-1"})
+    t.on_request("ADDED", owned("r1", "RayJob", "job-1"))
+    first = t.request_seen["job-1"]
+    t.on_request("ADDED", owned("r2", "RayJob", "job-1"))
+    assert t.request_of["job-1"] == "r1" and t.request_seen["job-1"] == first
+
+
+@pytest.mark.parametrize(("spec", "unsuspended"), [
+    ({"suspend": True}, False),
+    ({"suspend": False}, True),  # raygate writes false
+    ({}, True),  # Kueue's update drops the field (Go's omitted zero value)
+])
+def test_a_job_counts_as_unsuspended_when_suspend_is_no_longer_true(spec: dict[str, Any], unsuspended: bool) -> None:
+    t = Tracker({"job-1"})
+    t.on_job("MODIFIED", {"metadata": {"name": "job-1"}, "spec": spec})
+    t.on_job("MODIFIED", {"metadata": {"name": "other"}, "spec": {}})
+    assert ("job-1" in t.unsuspended) is unsuspended and "other" not in t.unsuspended
+
+
+def test_the_cluster_queue_requires_the_provisioning_check_and_has_room_for_every_resource() -> None:
+    objs = {o["kind"]: o for o in kueue_objects("ns", "check-capacity.autoscaling.x-k8s.io")}
+    cq = objs["ClusterQueue"]["spec"]
+    assert cq["admissionChecksStrategy"]["admissionChecks"] == [{"name": objs["AdmissionCheck"]["metadata"]["name"]}]
+    assert set(cq["resourceGroups"][0]["coveredResources"]) == {"cpu", "memory", "nvidia.com/gpu"}
+    assert objs["ProvisioningRequestConfig"]["spec"]["managedResources"] == ["nvidia.com/gpu"]
+    assert objs["LocalQueue"]["metadata"]["namespace"] == "ns"
+
+
+def test_a_profile_counts_each_function_once_per_sample_on_stack_and_on_top() -> None:
+    text = ("thread (0x1);loop (workqueue.py:10);request (kube.py:5);read (ssl.py:1) 3\n"
+            "thread (0x1);loop (workqueue.py:10);decide (decision.py:7) 1\n"
+            "garbage\n")
+    out = summarize_profile(text)
+    assert out["samples"] == 4
+    assert dict(out["inclusive_pct"])["loop (workqueue.py)"] == 100.0
+    assert dict(out["self_pct"]) == {"read (ssl.py)": 75.0, "decide (decision.py)": 25.0}
