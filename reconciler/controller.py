@@ -49,7 +49,10 @@ JobKey = tuple[str, str, str]  # (kind, namespace, name)
 ChildKey = tuple[str, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
-REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
+REQUEUE_SLACK = 0.05
+# Objects per page of a cache's initial list: all caches list at once on start, and a parsed page of
+# RayJobs is about 40 KB per job before it is compacted (500 a page: 20 MB at once per cache).
+LIST_PAGE = 100  # requeue just after a deadline, not just before it
 
 
 @dataclass(frozen=True)
@@ -158,10 +161,12 @@ class Controller:
         rs = self.options.resync_seconds
         # Compact caches: ten thousand held jobs and their children fit in tens of MB, not hundreds.
         self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
-                                    handler=self._job_event(kind), transform=slim, compact=True)
+                                    handler=self._job_event(kind), transform=slim, compact=True,
+                                    page_size=LIST_PAGE)
                      for kind, res in JOB_KINDS.items()}
         self.children = {kind: Informer(kube, res, label_selector=MANAGED_SELECTOR, resync_seconds=rs,
-                                        handler=self._child_event(kind), transform=child_view, compact=True)
+                                        handler=self._child_event(kind), transform=child_view, compact=True,
+                                        page_size=LIST_PAGE)
                          for kind, res in self.child_resources.items()}
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
