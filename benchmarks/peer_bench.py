@@ -420,6 +420,9 @@ DIFFERENCES = (
     "installs it.",
     "Kueue's metrics endpoint is off (bindAddress 0: it needs certificates the local run does not make); "
     "raygate's reconciler serves /metrics on a free port. Nothing scrapes either during a run.",
+    "Concurrency is each side's own: raygate reconciles up to 64 jobs at once with no client-side rate limit "
+    "(its defaults); Kueue runs one reconcile at a time per controller (its defaults) or the chart's per-kind "
+    "concurrency (Workload 10), with client QPS 300 / burst 500 in both. Nothing was tuned for this benchmark.",
     "Kueue must reserve quota before it makes a request: its ClusterQueue has quota no run can use up, so "
     "the quota check always passes, as raygate has none.",
 )
