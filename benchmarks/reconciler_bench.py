@@ -44,12 +44,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import rayjob
 from raygate.core import keys
 from raygate.core.workload import JSON
-from raygate.kube.client import EVENTS, LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
+from raygate.kube.client import (
+    CONFIGMAPS,
+    EVENTS,
+    LEASES,
+    MERGE_PATCH,
+    RAYJOBS,
+    ApiError,
+    Kube,
+    Resource,
+    provisioning_requests,
+)
 from raygate.kube.informer import Informer
 
 NAMESPACE = "bench-jobs"
@@ -256,6 +268,11 @@ def api_server_probe(cp: Any, kube: Kube, pr_res: Resource, requests: list[str],
 
     reconciler = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
     reconciler.impersonate = RECONCILER_USER
+    # What sets a RayJob patch apart: the same write to a built-in object of the same size.
+    size = len(orjson.dumps(kube.get(RAYJOBS, jobs[0], NAMESPACE)))
+    maps = [f"probe-{i}" for i in range(CLIENT_THREADS)]
+    for name in maps:
+        kube.create(CONFIGMAPS, {"metadata": {"name": name}, "data": {"payload": "x" * size}}, NAMESPACE)
 
     def annotate(client: Kube) -> Callable[[int], Any]:
         def write(n: int) -> Any:
@@ -273,6 +290,9 @@ def api_server_probe(cp: Any, kube: Kube, pr_res: Resource, requests: list[str],
             "involvedObject": {"kind": "RayJob", "name": jobs[n % len(jobs)], "namespace": NAMESPACE},
             "reason": "Probe", "message": "benchmark probe", "type": "Normal"}, NAMESPACE)),
         "job patch by others (through the webhook)": probe_writes(cp, annotate(kube)),
+        "ConfigMap patch (a built-in kind, as large as a RayJob)": probe_writes(cp, lambda n: kube.patch(
+            CONFIGMAPS, maps[n % len(maps)], {"metadata": {"annotations": {"bench.raygate.io/probe": str(n)}}},
+            NAMESPACE, content_type=MERGE_PATCH)),
     }
 
 
