@@ -1,0 +1,298 @@
+"""Volcano mode for real: the Volcano scheduler binds Ray pods onto KWOK nodes, all of a gang or none.
+
+The stack is its own control plane: the capacity layer (kube-scheduler, KWOK, cluster-autoscaler with
+its kwok provider, 2 CPU nodes of 16 CPU, a GPU node group of 0 to 3 nodes), Volcano's scheduler and
+controller-manager (`raygate dev up --volcano`), KubeRay, raygate's webhook and reconciler. Nothing
+in this module writes a PodGroup's or a request's status, nor binds a pod: Volcano, the autoscaler
+and KWOK do.
+
+Pods that must stay unbound are pinned to the CPU nodes (node selector): the autoscaler could
+otherwise add a 32-CPU GPU node for them and let them run, which is right for a cluster but not what
+these tests are about.
+
+After every test `gang_rule_holds` checks Volcano's promise on what it bound: of each PodGroup, either
+no pod that counts toward minMember is bound, or at least minMember are.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import builders
+import pytest
+import yaml
+from waiting import consistently, wait
+
+from raygate import keys
+from raygate.devenv.build import Bundle
+from raygate.devenv.capacity import CPU_GROUP, GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, start_capacity
+from raygate.devenv.controlplane import ControlPlane
+from raygate.devenv.raygate_local import start_reconciler, start_webhook
+from raygate.devenv.volcano import queue_state, start_volcano
+from raygate.kube import JSON, NODES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES, Kube, provisioning_requests
+from reconciler.flow import raw_conditions as conditions
+
+pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
+
+SUFFIX = uuid.uuid4().hex[:5]
+NS = {k: f"vc-{k}-{SUFFIX}" for k in ("guide", "partial", "submitter", "provision")}
+GUIDE_QUEUE = f"ray-guide-{SUFFIX}"
+# Volcano's KubeRay guide: a queue whose capability holds one Ray cluster (below: 3 CPU, 4Gi), not two.
+GUIDE_CAPABILITY = {"cpu": "4", "memory": "6Gi"}
+LAYOUT = Layout(gpu_nodes_max=3)
+ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+PR = provisioning_requests("v1")
+
+CONFIG = {
+    "defaults": {"mode": "volcano", "provisioning": {"enabled": False},
+                 "retry": {"limit": 3, "baseSeconds": 1, "maxSeconds": 2}},
+    "namespaces": {
+        NS["guide"]: {"mode": "volcano", "queueName": GUIDE_QUEUE},
+        NS["provision"]: {"mode": "volcano", "provisioning": {"enabled": True, "className": ATOMIC,
+                                                              "provisionedTimeoutSeconds": 60}},
+    },
+}
+
+
+@dataclass
+class Stack:
+    cluster: ControlPlane
+    kube: Kube
+
+    def create(self, obj: JSON) -> JSON:
+        out = self.cluster.kubectl("create", "-f", "-", "-o", "json", input_text=json.dumps(obj))
+        return dict(json.loads(out))
+
+    def get(self, ns: str, kind: str, name: str) -> JSON:
+        return self.kube.get(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
+
+    def state(self, ns: str, kind: str, name: str) -> str:
+        return str((self.get(ns, kind, name)["metadata"].get("labels") or {}).get(keys.STATE_LABEL))
+
+    def wait_state(self, ns: str, kind: str, name: str, want: str, timeout: float = 120) -> JSON:
+        wait(lambda: self.state(ns, kind, name) == want, timeout, f"{kind} {ns}/{name} to be {want}", interval=0.5)
+        return self.get(ns, kind, name)
+
+    def pod_group(self, ns: str, name: str) -> JSON | None:
+        items = self.kube.list(PODGROUPS, ns).get("items") or []
+        return next((g for g in items if g["metadata"]["name"] == name), None)
+
+    def phase(self, ns: str, name: str) -> str:
+        group = self.pod_group(ns, name)
+        return str(((group or {}).get("status") or {}).get("phase") or "")
+
+    def wait_phase(self, ns: str, name: str, want: str, timeout: float = 30) -> None:
+        """Volcano reports a PodGroup's phase a cycle after it acts."""
+        wait(lambda: self.phase(ns, name) == want, timeout, f"PodGroup {ns}/{name} to be {want}", interval=0.5)
+
+    def pods_of(self, ns: str, group: str) -> list[JSON]:
+        """The pods that joined PodGroup `group` (its group-name annotation)."""
+        return [p for p in self.kube.list(PODS, ns).get("items") or []
+                if (p["metadata"].get("annotations") or {}).get(keys.VOLCANO_GROUP_NAME_ANNOTATION) == group]
+
+    def running(self, ns: str, group: str, count: int, timeout: float = 120) -> list[JSON]:
+        """The pods of `group` once `count` of them are bound and Running."""
+        def check() -> list[JSON] | None:
+            pods = [p for p in self.pods_of(ns, group) if p["spec"].get("nodeName")
+                    and (p.get("status") or {}).get("phase") == "Running"]
+            return pods if len(pods) >= count else None
+        result: list[JSON] = wait(check, timeout, f"{count} Running pods of PodGroup {ns}/{group}", interval=0.5)
+        return result
+
+    def nodes(self) -> dict[str, JSON]:
+        return {n["metadata"]["name"]: n for n in self.kube.list(NODES).get("items") or []}
+
+    def delete(self, ns: str, kind: str, name: str) -> None:
+        """Delete the object and wait until its pods are gone, so the next step starts from free nodes."""
+        self.kube.delete(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
+        wait(lambda: not self.pods_of(ns, f"ray-{name}-pg"), 90, f"the pods of {kind} {ns}/{name} to go",
+             interval=0.5)
+
+
+def bound(pods: list[JSON]) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName"))
+
+
+def task(pod: JSON) -> str:
+    return str((pod["metadata"].get("annotations") or {}).get(keys.VOLCANO_TASK_SPEC_ANNOTATION, ""))
+
+
+def on_cpu_nodes(obj: JSON) -> JSON:
+    """Every pod template of the object pinned to the static CPU nodes, which no autoscaler adds to."""
+    spec = obj["spec"].get("rayClusterSpec", obj["spec"])
+    templates = [spec["headGroupSpec"]["template"], *(g["template"] for g in spec.get("workerGroupSpecs") or [])]
+    for template in templates:
+        template["spec"]["nodeSelector"] = {NODE_GROUP_LABEL: CPU_GROUP}
+    return obj
+
+
+def cpu_cluster(ns: str, name: str, *, workers: int = 2, cpu: str = "1", memory: str = "1Gi") -> JSON:
+    """Head 1 CPU / 2Gi plus `workers` pods of `cpu` / `memory`, on the CPU nodes."""
+    res = {"cpu": cpu, "memory": memory}
+    return on_cpu_nodes(builders.RayCluster(name, ns).worker("cpu", replicas=workers, min_replicas=workers,
+                                                             max_replicas=workers, requests=res, limits=res).obj())
+
+
+@pytest.fixture(scope="module")
+def stack(bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    cp = ControlPlane(tmp_path_factory.mktemp("volcano"), bundle)
+    state = cp.up(kuberay=True, log=False)
+    try:
+        start_capacity(cp, state, LAYOUT)
+        start_volcano(cp, state)
+        kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-volcano-test")
+        kube.create(VOLCANO_QUEUES, {"metadata": {"name": GUIDE_QUEUE},
+                                     "spec": {"weight": 1, "capability": GUIDE_CAPABILITY}})
+        wait(lambda: queue_state(cp, GUIDE_QUEUE) == "Open", 60, f"Volcano to open queue {GUIDE_QUEUE}")
+        cp.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
+        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+                   f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
+        for ns in NS.values():
+            cp.kubectl("create", "namespace", ns)
+            cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        start_webhook(cp)
+        start_reconciler(cp)
+        yield Stack(cp, kube)
+    finally:
+        cp.down(log=False)
+
+
+@pytest.fixture(autouse=True)
+def gang_rule_holds(stack: Stack) -> Iterator[None]:
+    yield
+    assert_gang_rule(stack)
+
+
+def assert_gang_rule(stack: Stack) -> None:
+    """Of every PodGroup, no pod that counts toward minMember is bound, or at least minMember are."""
+    for ns in NS.values():
+        for group in stack.kube.list(PODGROUPS, ns).get("items") or []:
+            name, min_member = group["metadata"]["name"], int(group["spec"].get("minMember") or 0)
+            members = [p for p in stack.pods_of(ns, name) if task(p) != keys.SUBMITTER_TASK]
+            placed = bound(members)
+            assert not placed or len(placed) >= min_member, (
+                f"PodGroup {ns}/{name} (minMember {min_member}) has only {placed} bound")
+
+
+# --- Volcano's KubeRay guide: a queue that holds one cluster -------------------------------------
+
+def test_a_queue_that_fits_one_cluster_runs_the_first_and_holds_the_second_whole(stack: Stack) -> None:
+    ns = NS["guide"]
+    stack.create(cpu_cluster(ns, "first"))
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "first", "Admitted")
+    first = stack.running(ns, "ray-first-pg", 3)
+    assert {p["spec"]["schedulerName"] for p in first} == {keys.VOLCANO_SCHEDULER}
+    stack.wait_phase(ns, "ray-first-pg", "Running")
+    group = stack.pod_group(ns, "ray-first-pg")
+    assert group is not None and group["spec"]["queue"] == GUIDE_QUEUE and group["spec"]["minMember"] == 3
+
+    stack.create(cpu_cluster(ns, "second"))
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "second", "Admitted")  # raygate lets Volcano hold it
+    wait(lambda: len(stack.pods_of(ns, "ray-second-pg")) == 3, 60, "KubeRay to create the second cluster's pods")
+    wait(lambda: stack.phase(ns, "ray-second-pg") == "Pending", 30, "Volcano to report the second PodGroup Pending")
+
+    def held_whole() -> bool:
+        return stack.phase(ns, "ray-second-pg") == "Pending" and not bound(stack.pods_of(ns, "ray-second-pg"))
+
+    consistently(held_whole, 5, "the second cluster held whole while the first runs",
+                 explain=lambda: f"{stack.phase(ns, 'ray-second-pg')}, bound "
+                                 f"{bound(stack.pods_of(ns, 'ray-second-pg'))}")
+    said = [c.get("message", "") for c in (stack.pod_group(ns, "ray-second-pg") or {}).get("status", {})
+            .get("conditions") or []]
+    print(f"\nsecond PodGroup Pending: {said}")
+
+    stack.delete(ns, keys.RAYCLUSTER_KIND, "first")
+    second = stack.running(ns, "ray-second-pg", 3)
+    stack.wait_phase(ns, "ray-second-pg", "Running")
+    assert all(stack.nodes()[p["spec"]["nodeName"]]["metadata"]["labels"][NODE_GROUP_LABEL] == CPU_GROUP
+               for p in second)
+    stack.delete(ns, keys.RAYCLUSTER_KIND, "second")
+
+
+# --- all or nothing --------------------------------------------------------------------------------
+
+def test_a_gang_that_fits_only_partly_binds_nothing(stack: Stack) -> None:
+    ns = NS["partial"]
+    # Two CPU nodes of 16 CPU: the head (1 CPU) and two 12-CPU workers would fit, the third worker not.
+    stack.create(cpu_cluster(ns, "toobig", workers=3, cpu="12"))
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "toobig", "Admitted")
+    wait(lambda: len(stack.pods_of(ns, "ray-toobig-pg")) == 4, 60, "KubeRay to create the 4 pods")
+    wait(lambda: stack.phase(ns, "ray-toobig-pg") in ("Pending", "Inqueue"), 30, "Volcano to see the PodGroup")
+    consistently(lambda: not bound(stack.pods_of(ns, "ray-toobig-pg")), 8, "no pod of the gang bound",
+                 explain=lambda: str(bound(stack.pods_of(ns, "ray-toobig-pg"))))
+    group = stack.pod_group(ns, "ray-toobig-pg") or {}
+    print(f"\npartly fitting gang: phase {stack.phase(ns, 'ray-toobig-pg')}, conditions "
+          f"{[c.get('message') for c in (group.get('status') or {}).get('conditions') or []]}")
+    assert stack.phase(ns, "ray-toobig-pg") != "Running"
+
+    # The same shape one worker smaller fits the two nodes and runs: nodes and scheduler were able all along.
+    stack.delete(ns, keys.RAYCLUSTER_KIND, "toobig")
+    stack.create(cpu_cluster(ns, "fits", workers=2, cpu="12"))
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "fits", "Admitted")
+    placed = stack.running(ns, "ray-fits-pg", 3)
+    assert len({p["spec"]["nodeName"] for p in placed if task(p) == "cpu"}) == 2
+    stack.delete(ns, keys.RAYCLUSTER_KIND, "fits")
+
+
+# --- the K8sJobMode submitter -----------------------------------------------------------------------
+
+def test_the_k8sjobmode_submitter_is_scheduled_by_volcano_after_the_gang_without_deadlock(stack: Stack) -> None:
+    ns = NS["submitter"]
+    res = {"cpu": "1", "memory": "1Gi"}
+    job = on_cpu_nodes(builders.RayJob("train", ns).worker("cpu", replicas=2, min_replicas=2, max_replicas=2,
+                                                           requests=res, limits=res).obj())
+    assert "submissionMode" not in job["spec"]  # KubeRay's default, K8sJobMode
+    stack.create(job)
+    stack.wait_state(ns, keys.RAYJOB_KIND, "train", "Admitted")
+    group = stack.pod_group(ns, "ray-train-pg")
+    assert group is not None
+    assert group["spec"]["minMember"] == 3, "head + 2 workers; the submitter waits for them, so it is not counted"
+    assert keys.SUBMITTER_TASK not in group["spec"].get("minTaskMember", {})
+
+    def submitter() -> JSON | None:
+        pods = [p for p in stack.pods_of(ns, "ray-train-pg") if task(p) == keys.SUBMITTER_TASK]
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    pod = wait(submitter, 120, "the submitter pod to be bound")
+    assert pod["spec"]["schedulerName"] == keys.VOLCANO_SCHEDULER
+    members = [p for p in stack.running(ns, "ray-train-pg", 4) if task(p) != keys.SUBMITTER_TASK]
+    assert len(members) == 3
+    started = min(p["metadata"]["creationTimestamp"] for p in members)
+    assert pod["metadata"]["creationTimestamp"] >= started, "KubeRay submits once the cluster is up"
+    print(f"\nsubmitter {pod['metadata']['name']} bound to {pod['spec']['nodeName']} "
+          f"in PodGroup {stack.phase(ns, 'ray-train-pg')}")
+    stack.delete(ns, keys.RAYJOB_KIND, "train")
+
+
+# --- volcano mode with provisioning ------------------------------------------------------------------
+
+def test_the_autoscaler_provisions_then_volcano_binds_the_gang_on_those_nodes(stack: Stack) -> None:
+    ns = NS["provision"]
+    before = set(stack.nodes())
+    res = {"cpu": "1", GPU_RESOURCE: "2"}
+    job = builders.RayJob("gpu", ns).worker("gpu", replicas=2, min_replicas=2, max_replicas=2,
+                                             requests=res, limits=res).obj()
+    stack.create(job)
+    assert stack.get(ns, keys.RAYJOB_KIND, "gpu")["spec"]["suspend"] is True
+    admitted = stack.wait_state(ns, keys.RAYJOB_KIND, "gpu", "Admitted", timeout=180)
+    request = admitted["metadata"]["annotations"][keys.REQUEST_ANNOTATION]
+    cond = conditions(stack.kube.get(PR, request, ns))
+    assert cond["Provisioned"]["status"] == "True", cond
+    assert stack.pod_group(ns, "ray-gpu-pg") is not None
+
+    pods = stack.running(ns, "ray-gpu-pg", 3, timeout=180)
+    added = {n: o for n, o in stack.nodes().items() if n not in before}
+    workers = [p for p in pods if task(p) == "gpu"]
+    assert len(workers) == 2
+    for pod in workers:
+        assert pod["spec"]["schedulerName"] == keys.VOLCANO_SCHEDULER
+        assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == request
+        node = added.get(pod["spec"]["nodeName"])
+        assert node is not None, f"{pod['metadata']['name']} is on {pod['spec']['nodeName']}, not a node added for it"
+        assert node["metadata"]["labels"][NODE_GROUP_LABEL] == GPU_GROUP
+    stack.wait_phase(ns, "ray-gpu-pg", "Running")
+    print(f"\nautoscaler added {sorted(added)}; Volcano bound {sorted(p['spec']['nodeName'] for p in workers)}")
+    stack.delete(ns, keys.RAYJOB_KIND, "gpu")
