@@ -1,4 +1,4 @@
-"""`python -m benchmarks.run [webhook|reconciler|startup|capacity|fuzz|all]` (`make bench` runs all).
+"""`python -m benchmarks.run [webhook|reconciler|startup|capacity|volcano|fuzz|all]` (`make bench` runs all).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -35,7 +35,7 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
-                   choices=["webhook", "reconciler", "startup", "capacity", "fuzz", "all"])
+                   choices=["webhook", "reconciler", "startup", "capacity", "volcano", "fuzz", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("capacity")
     c.add_argument("--capacity-jobs", type=_ints, default=[20, 100],
                    help="GPU RayJobs created at once on real capacity, one fresh cluster per figure (default 20,100)")
+    v = p.add_argument_group("volcano")
+    v.add_argument("--volcano-clusters", type=_ints, default=[20],
+                   help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
     s = p.add_argument_group("startup")
     s.add_argument("--startup-runs", type=int, default=3, help="warm `raygate dev up --kuberay` runs")
     return p
@@ -65,11 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from benchmarks import capacity_bench, fuzz, reconciler_bench, startup_bench, webhook_bench
+    from benchmarks import capacity_bench, fuzz, reconciler_bench, startup_bench, volcano_bench, webhook_bench
 
     benches: dict[str, Callable[[Any], int]] = {
         "webhook": webhook_bench.main, "reconciler": reconciler_bench.main, "startup": startup_bench.main,
-        "capacity": capacity_bench.main, "fuzz": fuzz.main,
+        "capacity": capacity_bench.main, "volcano": volcano_bench.main, "fuzz": fuzz.main,
     }
     names = list(benches) if args.which == "all" else [args.which]
     failed = []
