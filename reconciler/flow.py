@@ -374,6 +374,12 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     generation = get(w.obj, GENERATION_PATH)
     if generation is not None:
         b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
+    if gang.pod_group is not None:
+        # Written here rather than by the webhook for a job created with generateName (its name, and so
+        # its PodGroup's, did not exist yet); for any other job it is already in place and adds nothing.
+        # In the patch that unsuspends: no pod of the job can ever be created without it.
+        for _, path in w.template_paths():
+            b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), gang.pod_group.name)
     if request is not None:
         for p in gang.managed:
             if p.template_path is None:

@@ -17,6 +17,7 @@ no pod that counts toward minMember is bound, or at least minMember are.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,14 +33,28 @@ from raygate.devenv.capacity import CPU_GROUP, GPU_GROUP, GPU_RESOURCE, NODE_GRO
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
 from raygate.devenv.volcano import queue_state, start_volcano
-from raygate.kube import JSON, NODES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES, Kube, provisioning_requests
+from raygate.kube import (
+    JSON,
+    JSON_PATCH,
+    NODES,
+    PODGROUPS,
+    PODS,
+    RAYCLUSTERS,
+    RAYJOBS,
+    VOLCANO_QUEUES,
+    ApiError,
+    Kube,
+    provisioning_requests,
+)
+from raygate.workload import Workload, get
 from reconciler.flow import raw_conditions as conditions
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"vc-{k}-{SUFFIX}" for k in ("guide", "partial", "submitter", "provision")}
+NS = {k: f"vc-{k}-{SUFFIX}" for k in ("guide", "partial", "submitter", "provision", "generate")}
 GUIDE_QUEUE = f"ray-guide-{SUFFIX}"
+GENERATE_QUEUE = f"ray-generate-{SUFFIX}"  # created by its test: jobs wait for it, held
 # Volcano's KubeRay guide: a queue whose capability holds one Ray cluster (below: 3 CPU, 4Gi), not two.
 GUIDE_CAPABILITY = {"cpu": "4", "memory": "6Gi"}
 LAYOUT = Layout(gpu_nodes_max=3)
@@ -51,6 +66,7 @@ CONFIG = {
                  "retry": {"limit": 3, "baseSeconds": 1, "maxSeconds": 2}},
     "namespaces": {
         NS["guide"]: {"mode": "volcano", "queueName": GUIDE_QUEUE},
+        NS["generate"]: {"mode": "volcano", "queueName": GENERATE_QUEUE},
         NS["provision"]: {"mode": "volcano", "provisioning": {"enabled": True, "className": ATOMIC,
                                                               "provisionedTimeoutSeconds": 60}},
     },
@@ -296,3 +312,95 @@ def test_the_autoscaler_provisions_then_volcano_binds_the_gang_on_those_nodes(st
     stack.wait_phase(ns, "ray-gpu-pg", "Running")
     print(f"\nautoscaler added {sorted(added)}; Volcano bound {sorted(p['spec']['nodeName'] for p in workers)}")
     stack.delete(ns, keys.RAYJOB_KIND, "gpu")
+
+
+# --- generateName in volcano mode ------------------------------------------------------------------
+
+class PodWatch:
+    """Every version of every pod in a namespace, from a watch started before the test creates anything."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.seen: list[JSON] = []
+        self._kube, self._ns = kube, ns
+        self._rv = str(kube.list(PODS, ns)["metadata"]["resourceVersion"])
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._kube.watch(PODS, self._ns, timeout_seconds=600, resourceVersion=self._rv):
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    self.seen.append(event["object"])
+        except ApiError:
+            pass  # the stack went down
+
+
+def refused(stack: Stack, kind: str, ns: str, name: str, ops: list[JSON]) -> str:
+    """The guard's answer to an admin's (untrusted) JSON patch; fails if the patch goes through."""
+    try:
+        stack.kube.patch(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ops, ns,
+                         content_type=JSON_PATCH)
+    except ApiError as err:
+        return err.message
+    raise AssertionError(f"{kind} {ns}/{name} accepted {ops}")
+
+
+def template_group_names(obj: JSON) -> list[str | None]:
+    return [get(obj, (*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION))
+            for _, path in Workload(obj).template_paths()]
+
+
+def test_generate_name_manifests_are_admitted_and_no_pod_ever_lacks_the_group_name(stack: Stack) -> None:
+    ns = NS["generate"]
+    pods = PodWatch(stack.kube, ns)
+    res = {"cpu": "1", "memory": "1Gi"}
+    cluster = cpu_cluster(ns, "unused")
+    cluster["metadata"] = {"generateName": "gen-", "namespace": ns}
+    job = on_cpu_nodes(builders.RayJob(None, ns).generate_name("genjob-").worker(
+        "cpu", replicas=1, min_replicas=1, max_replicas=1, requests=res, limits=res).obj())
+    names = {keys.RAYCLUSTER_KIND: stack.create(cluster)["metadata"]["name"],
+             keys.RAYJOB_KIND: stack.create(job)["metadata"]["name"]}
+    assert names[keys.RAYCLUSTER_KIND].startswith("gen-") and names[keys.RAYJOB_KIND].startswith("genjob-")
+
+    # Held (its queue does not exist yet), suspended, and without a group name on any pod template.
+    for kind, name in names.items():
+        held = stack.get(ns, kind, name)
+        assert held["spec"]["suspend"] is True
+        assert set(template_group_names(held)) == {None}, "the webhook cannot know the generated name"
+        wait(lambda k=kind, n=name: GENERATE_QUEUE in stack.get(ns, k, n)["metadata"].get("annotations", {}).get(
+            keys.REASON_ANNOTATION, ""), 30, f"{kind} {name} to wait for its queue")
+        pointer = "/spec/rayClusterSpec" if kind == keys.RAYJOB_KIND else "/spec"
+        says = refused(stack, kind, ns, name, [{"op": "replace", "path": "/spec/suspend", "value": False}])
+        assert "unsuspend it" in says, says
+        says = refused(stack, kind, ns, name, [{"op": "add", "path": f"{pointer}/headGroupSpec/template/metadata",
+                                                "value": {"annotations": {keys.VOLCANO_GROUP_NAME_ANNOTATION:
+                                                                          f"ray-{name}-pg"}}}])
+        assert "scheduling metadata" in says, says
+    assert not stack.kube.list(PODS, ns).get("items")
+
+    stack.kube.create(VOLCANO_QUEUES, {"metadata": {"name": GENERATE_QUEUE}, "spec": {"weight": 1}})
+    for kind, name in names.items():
+        admitted = stack.wait_state(ns, kind, name, "Admitted", timeout=60)
+        assert admitted["spec"].get("suspend") is not True
+        assert set(template_group_names(admitted)) == {f"ray-{name}-pg"}
+        group = stack.pod_group(ns, f"ray-{name}-pg")
+        assert group is not None and group["spec"]["queue"] == GENERATE_QUEUE
+    cluster_pods = stack.running(ns, f"ray-{names[keys.RAYCLUSTER_KIND]}-pg", 3)
+    job_pods = stack.running(ns, f"ray-{names[keys.RAYJOB_KIND]}-pg", 3)  # head, worker, then the submitter
+    assert {task(p) for p in job_pods} == {"headgroup", "cpu", keys.SUBMITTER_TASK}
+    for kind, name in names.items():
+        stack.wait_phase(ns, f"ray-{name}-pg", "Running")
+        pointer = "/spec/rayClusterSpec" if kind == keys.RAYJOB_KIND else "/spec"
+        key = keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1")
+        path = f"{pointer}/headGroupSpec/template/metadata/annotations/{key}"
+        says = refused(stack, kind, ns, name, [{"op": "remove", "path": path}])
+        assert "scheduling metadata" in says, says
+
+    want = {p["metadata"]["name"]: p["metadata"]["annotations"][keys.VOLCANO_GROUP_NAME_ANNOTATION]
+            for p in cluster_pods + job_pods}
+    assert {p["metadata"]["name"] for p in pods.seen} >= set(want), "the watch saw every pod"
+    for pod in pods.seen:  # every version of every pod, from its creation on
+        group = (pod["metadata"].get("annotations") or {}).get(keys.VOLCANO_GROUP_NAME_ANNOTATION)
+        assert group in (f"ray-{n}-pg" for n in names.values()), f"{pod['metadata']['name']}: {group}"
+    print(f"\n{names}: {len(pods.seen)} pod versions seen, each with its group name")
+    for kind, name in names.items():
+        stack.delete(ns, kind, name)

@@ -329,6 +329,67 @@ def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
     assert pg["metadata"]["name"] == "ray-train-pg" and pg["spec"]["queue"] == "team-a"
 
 
+def _group_names(obj: dict[str, Any]) -> dict[str, Any]:
+    w = Workload(obj)
+    return {task: (((obj_get(obj, path) or {}).get("metadata") or {}).get("annotations") or {}).get(
+        keys.VOLCANO_GROUP_NAME_ANNOTATION) for task, path in w.template_paths()}
+
+
+def obj_get(obj: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
+def generated_volcano_job() -> Workload:
+    """A job created with generateName in volcano mode, as stored: the webhook could not name its group."""
+    w, _, _ = volcano_job(True)
+    obj = json.loads(json.dumps(w.obj))
+    obj["metadata"]["name"] = "train-x7k2p"
+    obj["spec"]["submitterPodTemplate"] = {"spec": {"containers": [{"name": "s", "image": "ray"}]}}
+    return Workload(obj)
+
+
+@pytest.mark.parametrize("provision", [False, True], ids=["volcano", "volcano-with-provisioning"])
+def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_unsuspends(provision: bool) -> None:
+    w = generated_volcano_job()
+    assert set(_group_names(w.obj).values()) == {None}
+    pol = policy(mode="volcano", provisioning={"enabled": provision})
+    obs = Observed(queue=QueueState("team-a", "Open"))
+    if provision:  # Provisioned: the request raygate made for it
+        plan = flow.decide(w, obs, pol, NOW)
+        w = Workload(applied(w, plan))
+        pg = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodGroup")
+        name = w.annotations[keys.REQUEST_ANNOTATION]
+        gang = flow.gang_of(w, pol)
+        pr = children.provisioning_request(w, list(gang.managed), pol, 1, "v1", gang.fingerprint)
+        pr["metadata"]["creationTimestamp"] = "2030-01-01T11:59:59Z"
+        pr["status"] = {"conditions": [{"type": t, "status": "True"} for t in ("Accepted", "Provisioned")]}
+        assert pr["metadata"]["name"] == name
+        obs = Observed(requests=(pr,), pod_groups=(pg,))
+    plan = flow.decide(w, obs, pol, NOW)
+    admits = [a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit"]
+    assert len(admits) == 1
+    unsuspends = [op for a in plan.actions if isinstance(a, PatchJob) for op in a.ops
+                  if op["path"] == "/spec/suspend" and op.get("value") is False]
+    assert len(unsuspends) == 1 and unsuspends[0] in admits[0].ops
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is False
+    assert _group_names(after) == {"headgroup": "ray-train-x7k2p-pg", "gpu": "ray-train-x7k2p-pg",
+                                   "submittergroup": "ray-train-x7k2p-pg"}
+
+
+def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhook_wrote() -> None:
+    w = generated_volcano_job()
+    named = json.loads(json.dumps(w.obj))
+    for _, path in w.template_paths():
+        obj_get(named, path).setdefault("metadata", {}).setdefault("annotations", {})[
+            keys.VOLCANO_GROUP_NAME_ANNOTATION] = "ray-train-x7k2p-pg"
+    plan = flow.decide(Workload(named), Observed(queue=QueueState("team-a", "Open")), policy(mode="volcano"), NOW)
+    admit = next(a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit")
+    assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
+
+
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
     w, obs, pol = volcano_job(True, provision=True)
     assert kinds(flow.decide(w, obs, pol, NOW))[:3] == [
