@@ -52,7 +52,7 @@ from reconciler.flow import raw_conditions as conditions
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"vc-{k}-{SUFFIX}" for k in ("guide", "partial", "submitter", "provision", "generate")}
+NS = {k: f"vc-{k}-{SUFFIX}" for k in ("guide", "partial", "submitter", "provision", "generate", "kuberay")}
 GUIDE_QUEUE = f"ray-guide-{SUFFIX}"
 GENERATE_QUEUE = f"ray-generate-{SUFFIX}"  # created by its test: jobs wait for it, held
 # Volcano's KubeRay guide: a queue whose capability holds one Ray cluster (below: 3 CPU, 4Gi), not two.
@@ -404,3 +404,36 @@ def test_generate_name_manifests_are_admitted_and_no_pod_ever_lacks_the_group_na
     print(f"\n{names}: {len(pods.seen)} pod versions seen, each with its group name")
     for kind, name in names.items():
         stack.delete(ns, kind, name)
+
+
+# --- KubeRay's own Volcano integration ---------------------------------------------------------------
+
+def test_kuberays_batch_scheduler_rewriting_the_pod_group_stops_the_job(stack: Stack) -> None:
+    """With `--batch-scheduler=volcano` KubeRay updates any PodGroup named ray-<name>-pg to its own counts.
+    Where they agree nothing changes; where KubeRay's differ (it leaves init containers out of
+    minResources) raygate stops the job."""
+    ns, cp = NS["kuberay"], stack.cluster
+    cp.stop_process("kuberay-operator")
+    cp.start_kuberay(cp.load_state(), "--batch-scheduler=volcano")
+    try:
+        stack.create(cpu_cluster(ns, "agrees"))
+        stack.wait_state(ns, keys.RAYCLUSTER_KIND, "agrees", "Admitted")
+        stack.running(ns, "ray-agrees-pg", 3)
+
+        init = cpu_cluster(ns, "init")  # the head's init container asks 4 CPU: raygate counts it, KubeRay not
+        init["spec"]["headGroupSpec"]["template"]["spec"]["initContainers"] = [
+            builders.container("setup", requests={"cpu": "4", "memory": "1Gi"})]
+        stack.create(init)
+        failed = stack.wait_state(ns, keys.RAYCLUSTER_KIND, "init", keys.State.FAILED.value, timeout=60)
+        reason = failed["metadata"]["annotations"][keys.REASON_ANNOTATION]
+        print(f"\n{reason}")
+        assert "minResources" in reason and "--batch-scheduler=volcano" in reason
+        assert failed["spec"]["suspend"] is True
+        wait(lambda: not stack.pods_of(ns, "ray-init-pg") and stack.pod_group(ns, "ray-init-pg") is None, 60,
+             "the stopped cluster's pods and PodGroup to go")
+        assert stack.state(ns, keys.RAYCLUSTER_KIND, "agrees") == "Admitted", "no rewrite where the counts agree"
+        stack.delete(ns, keys.RAYCLUSTER_KIND, "agrees")
+        stack.kube.delete(RAYCLUSTERS, "init", ns)
+    finally:
+        cp.stop_process("kuberay-operator")
+        cp.start_kuberay(cp.load_state())

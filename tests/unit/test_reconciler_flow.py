@@ -390,6 +390,51 @@ def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhoo
     assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
 
 
+RECORDED = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue": "team-a",
+            "minResources": {"cpu": "3", "memory": "6Gi", "nvidia.com/gpu": "2"}}
+
+
+@pytest.mark.parametrize(("actual", "changed"), [
+    (RECORDED, []),
+    ({**RECORDED, "minResources": {"cpu": "3000m", "memory": "6144Mi", "nvidia.com/gpu": "2"}}, []),
+    ({**RECORDED, "minMember": 2}, ["minMember 3 -> 2"]),
+    ({**RECORDED, "minMember": 0, "minResources": {}}, ["minMember 3 -> 0", "minResources"]),
+    ({**RECORDED, "minResources": {"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"}}, ["minResources"]),
+    ({**RECORDED, "queue": "default"}, ["queue team-a -> default"]),
+    ({**RECORDED, "minTaskMember": {}}, ["minTaskMember"]),
+], ids=["same", "same-spelled-otherwise", "min-member", "reset-on-suspend", "min-resources", "queue",
+        "min-task-member"])
+def test_pod_group_drift(actual: dict[str, Any], changed: list[str]) -> None:
+    from reconciler.podgroup import drift
+
+    found = drift(RECORDED, actual)
+    assert len(found) == len(changed)
+    for words, line in zip(changed, found, strict=True):
+        assert line.startswith(words)
+
+
+def admitted_volcano_job() -> Workload:
+    return job("Admitted", suspend=False, annotations={keys.MODE_ANNOTATION: "volcano",
+                                                        keys.POD_GROUP_ANNOTATION: json.dumps(RECORDED)})
+
+
+def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
+    w = admitted_volcano_job()
+    spec = flow.podgroup.recorded(w)
+    assert spec is not None
+    ours = flow.podgroup.pod_group(w, spec)
+    plan = flow.decide(w, Observed(pod_groups=(ours,)), policy(mode="volcano"), NOW)
+    assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
+    rewritten = json.loads(json.dumps(ours))
+    rewritten["spec"].update(minMember=2, minResources={"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"})
+    plan = flow.decide(w, Observed(pod_groups=(rewritten,)), policy(mode="volcano"), NOW)
+    assert kinds(plan) == ["patch fail", "event PodGroupRewritten", "delete PodGroup ray-train-pg"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    reason = after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    assert "minMember 3 -> 2" in reason and "--batch-scheduler=volcano" in reason
+
+
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
     w, obs, pol = volcano_job(True, provision=True)
     assert kinds(flow.decide(w, obs, pol, NOW))[:3] == [
