@@ -348,8 +348,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     render(p, out)
     verb = "delete" if args.delete else "release"
     if not args.yes:
-        out.write(f"Dry run: nothing changed. Run again with --yes to {verb} {len(p.acting)} job(s) "
-                  f"and delete {len(p.orphans)} leftover object(s) {where}.\n")
+        leftovers = f" and delete {len(p.orphans)} leftover object(s)" if p.orphans else ""
+        out.write(f"Dry run: nothing changed. Run again with --yes to {verb} {len(p.acting)} job(s){leftovers} "
+                  f"{where}.\n")
         return 0
     failed = execute(kube, p, kinds, out)
     if failed:

@@ -1,5 +1,6 @@
 """The built image (`make image`, part of `make test`): raygate's commands run inside it as the
-image's non-root user on a read-only root filesystem, and its size stays inside a budget.
+image's non-root user on a read-only root filesystem, its size stays inside a budget, and its
+webhook serves the local API server and holds a job.
 
 Containers run with podman and runc, no network, every capability dropped. Two settings are
 forced by this sandbox and harmless elsewhere (the README's troubleshooting quotes the errors):
@@ -12,17 +13,34 @@ forced by this sandbox and harmless elsewhere (the README's troubleshooting quot
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import pytest
+from builders import gpu_job
+from waiting import wait
 
 import raygate
+from raygate import keys
+from raygate.devenv.controlplane import ControlPlane, free_port
+from raygate.devenv.raygate_local import (
+    CERTS_RBAC,
+    RECONCILER_RBAC,
+    RECONCILER_USER,
+    LocalWebhook,
+    ensure_system_namespace,
+    unregister_webhook,
+    write_tls,
+)
+from webhook.registration import configurations
 
 pytestmark = pytest.mark.image
 
@@ -35,14 +53,13 @@ IMAGE_USER = "65532:65532"
 SIZE_BUDGET_MB = 340
 # argparse wraps help text to $COLUMNS: the same width inside and outside the container.
 COLUMNS = "100"
-RUN = [
-    "run", "--rm", "--runtime", "runc", "--network", "none",
-    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+CONTAINER = [
+    "--runtime", "runc", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
     # As a Deployment runs it: read-only root with no tmpfs added (podman adds /tmp by default;
     # the Deployments mount their own), no capabilities, no privilege escalation.
     "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-    "--env", f"COLUMNS={COLUMNS}",
 ]
+RUN = ["run", "--rm", "--network", "none", *CONTAINER, "--env", f"COLUMNS={COLUMNS}"]
 
 
 def podman(*args: str) -> subprocess.CompletedProcess[str]:
@@ -116,3 +133,87 @@ def test_image_size_is_within_budget(record_property: pytest.RecordProperty) -> 
     record_property("image_size_mb", round(mb, 1))
     print(f"\n{IMAGE}: {mb:.0f} MB (budget {SIZE_BUDGET_MB} MB)")
     assert mb <= SIZE_BUDGET_MB, f"{IMAGE} is {mb:.0f} MB, over the {SIZE_BUDGET_MB} MB budget"
+
+
+def _embedded_kubeconfig(cluster: ControlPlane) -> str:
+    """The admin kubeconfig with its certificates inline: the container user cannot read the
+    control plane's key files (mode 0600, root), and their host paths do not exist inside."""
+    cfg = json.loads(cluster.kubeconfig.read_text())
+    for entry, fields in (("clusters", ("certificate-authority",)), ("users", ("client-certificate", "client-key"))):
+        for item in cfg[entry]:
+            inner = item["cluster" if entry == "clusters" else "user"]
+            for f in fields:
+                inner[f"{f}-data"] = base64.b64encode(Path(inner.pop(f)).read_bytes()).decode()
+    return json.dumps(cfg)
+
+
+@pytest.mark.integration
+def test_webhook_and_reconciler_in_the_image_hold_a_job_and_request_its_capacity(
+    cluster: ControlPlane, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """Both Deployments' commands from the image against the local API server (host network, the
+    Deployments' /tmp as a tmpfs, read-only files mounted like their Secret): the webhook holds a GPU
+    RayJob created through it, and the reconciler, acting as its service account with the install's
+    RBAC, creates the job's ProvisioningRequest."""
+    inspected()
+    files = tmp_path / "mounted"
+    ca, _, _ = write_tls(files)
+    (files / "kubeconfig").write_text(_embedded_kubeconfig(cluster))
+    files.chmod(0o755)
+    for f in files.iterdir():
+        f.chmod(0o644)  # test credentials in a test's own directory; the Deployment uses fsGroup instead
+    ensure_system_namespace(cluster)
+    cluster.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+                    f"--from-literal={keys.CONFIGMAP_KEY}=defaults: {{mode: provisioning}}\n")
+    for rbac in (RECONCILER_RBAC, CERTS_RBAC):
+        cluster.kubectl("apply", "-f", str(rbac))
+    port, suffix = free_port(), uuid.uuid4().hex[:6]
+    names = {"webhook": f"raygate-image-webhook-{suffix}", "reconciler": f"raygate-image-reconciler-{suffix}"}
+    common = ["--network", "host", *CONTAINER, "--tmpfs", "/tmp:rw,size=64m,mode=1777",
+              "--volume", f"{files}:/etc/raygate:ro", IMAGE]
+    args = {
+        "webhook": ["webhook", "--bind", "127.0.0.1", "--port", str(port), "--workers", "1",
+                    "--tls-cert-file", "/etc/raygate/tls.crt", "--tls-key-file", "/etc/raygate/tls.key",
+                    "--worker-tmp-dir", "/tmp"],
+        "reconciler": ["reconciler", "--metrics-port", "0", "--no-leader-elect", "--no-manage-certs",
+                       "--as", RECONCILER_USER],
+    }
+
+    def running(component: str) -> None:
+        state = podman("inspect", "--format", "{{.State.Running}}", names[component]).stdout.strip()
+        assert state == "true", f"the {component} container stopped: {podman('logs', names[component]).stderr[-3000:]}"
+
+    try:
+        for component, name in names.items():
+            started = podman("run", "--detach", "--name", name, *common, *args[component],
+                             "--kubeconfig", "/etc/raygate/kubeconfig", "--namespace", keys.SYSTEM_NAMESPACE)
+            assert started.returncode == 0, started.stderr
+        hook = LocalWebhook(f"https://127.0.0.1:{port}", ca)
+
+        def ready() -> bool:
+            running("webhook")
+            return hook.readyz()[0] == 200
+
+        wait(ready, 60, f"/readyz of the webhook in {IMAGE}")
+        for obj in configurations(hook.url, ca.read_bytes(), "Fail"):
+            cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
+        ns = make_namespace("image", labels={keys.OPT_IN_LABEL: keys.OPT_IN_VALUE})
+        job = gpu_job("train", ns).obj()
+        created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input_text=json.dumps(job)))
+        assert created["spec"]["suspend"] is True
+        assert created["metadata"]["labels"][keys.STATE_LABEL] == keys.State.PENDING
+
+        def requested() -> dict[str, object] | None:
+            running("reconciler")
+            got = json.loads(cluster.kubectl("get", "rayjob", "train", "-n", ns, "-o", "json"))
+            return got if got["metadata"]["labels"].get(keys.STATE_LABEL) == keys.State.PROVISIONING else None
+
+        held = wait(requested, 60, "the reconciler in the image to request the job's capacity")
+        request = held["metadata"]["annotations"][keys.REQUEST_ANNOTATION]
+        cluster.kubectl("get", "provisioningrequest", request, "-n", ns)  # fails if it does not exist
+        assert held["spec"]["suspend"] is True
+    finally:
+        unregister_webhook(cluster)
+        for name in names.values():
+            podman("rm", "--force", "--time", "5", name)
+        cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
