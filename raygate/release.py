@@ -201,9 +201,13 @@ def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, 
     holder = spec.get("holderIdentity")
     renewed = _parse_time(spec.get("renewTime"))
     duration = float(spec.get("leaseDurationSeconds") or 0)
-    if holder and renewed and (now - renewed).total_seconds() < duration:
+    age = (now - renewed).total_seconds() if renewed else None
+    if holder and age is not None and age < duration:
+        # An uninstall deletes the reconciler's RBAC with its pod, so a stopping reconciler often
+        # cannot release its Lease: it then lingers until it expires.
         out.append(f"reconciler {holder} holds Lease {keys.SYSTEM_NAMESPACE}/{keys.LEADER_LEASE} "
-                   f"(renewed {(now - renewed).total_seconds():.0f}s ago)")
+                   f"(renewed {age:.0f}s ago; if raygate was just uninstalled, it expires in "
+                   f"{duration - age:.0f}s: run this again then)")
     return out
 
 

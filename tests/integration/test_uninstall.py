@@ -1,32 +1,36 @@
-"""Uninstalling raygate with jobs still held, then `raygate release`, on the real API server with the
+"""`helm uninstall` with jobs still held, then `raygate release`, on the real API server with the
 real KubeRay operator.
 
-raygate runs here as local processes (webhook registered by URL, reconciler under its service account),
-as in the other integration tests: the chart's Deployments cannot run on this control plane (no
-kubelet), and test_chart.py already shows that `helm uninstall` removes every object the chart
-installed. What an uninstall takes away from a held job is the same either way, and is what this test
-takes away: the two webhook registrations and the reconciler.
+raygate is installed with the chart (RBAC, ConfigMap, webhook registrations, Deployments), but its
+two components run as local processes: no kubelet runs the Deployments' pods here, and the API
+server cannot reach a Service (no endpoints can point at loopback). So the webhook process is
+started and the chart's two registrations are pointed at its URL, and the reconciler runs under the
+chart's ServiceAccount and RBAC (impersonated). `helm uninstall` then removes what it removes on a
+cluster, and the processes are stopped as the Deployments' pods would be.
 
 No autoscaler runs, so a GPU job stays Provisioning (its ProvisioningRequest is never answered): held.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-import yaml
 from waiting import wait
 
 from raygate import keys
+from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
-from raygate.kube import EVENTS, JSON, LEASES, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
+from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
+from raygate.kube import EVENTS, JSON, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +43,8 @@ CONFIG = {
 }
 WEBHOOK = "uninstall-webhook"
 RECONCILER = "uninstall-reconciler"
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE = "raygate"
 
 
 def rayjob(name: str, *, suspend: bool | None = None) -> JSON:
@@ -64,6 +70,27 @@ def rayjob(name: str, *, suspend: bool | None = None) -> JSON:
 class Env:
     cluster: ControlPlane
     kube: Kube
+    bundle: Bundle
+    helm_home: Path
+
+    def helm(self, *args: str) -> str:
+        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig),
+               **{f"HELM_{d}_HOME": str(self.helm_home / d.lower()) for d in ("CACHE", "CONFIG", "DATA")}}
+        proc = subprocess.run([str(self.bundle.binary("helm")), *args], capture_output=True, text=True, env=env,
+                              check=False)
+        assert proc.returncode == 0, f"helm {' '.join(args)} failed: {proc.stderr}"
+        return proc.stdout
+
+    def point_registrations_at(self, hook: LocalWebhook) -> None:
+        """The chart's registrations, sent to the local webhook process instead of the Service."""
+        ca = base64.b64encode(hook.ca_file.read_bytes()).decode()
+        for kind, name in (("mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG),
+                           ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG)):
+            hooks = json.loads(self.cluster.kubectl("get", kind, name, "-o", "json"))["webhooks"]
+            ops = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                    "value": {"url": hook.url + h["clientConfig"]["service"]["path"], "caBundle": ca}}
+                   for i, h in enumerate(hooks)]
+            self.cluster.kubectl("patch", kind, name, "--type=json", "-p", json.dumps(ops))
 
     def job(self, ns: str, name: str = "train") -> JSON:
         return self.kube.get(RAYJOBS, name, ns)
@@ -90,31 +117,37 @@ def held(obj: JSON) -> bool:
         keys.State.PENDING, keys.State.PROVISIONING)
 
 
+def _namespace_absent(cluster: ControlPlane) -> bool:
+    return not cluster.kubectl("get", "namespace", keys.SYSTEM_NAMESPACE, "--ignore-not-found", "-o", "name").strip()
+
+
 @pytest.fixture(scope="module")
-def env(cluster: ControlPlane) -> Iterator[Env]:
+def env(cluster: ControlPlane, bundle: Bundle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    def clean() -> None:  # other modules' local runs leave RBAC and the namespace, which Helm would not adopt
+        cluster.kubectl("delete", "-k", str(ROOT / "config" / "default"), "--ignore-not-found", "--wait=false")
+        wait(lambda: _namespace_absent(cluster), 120, f"namespace {keys.SYSTEM_NAMESPACE} to be deleted")
+
+    clean()
     kube = Kube.connect(str(cluster.kubeconfig), user_agent="raygate-test")
-    cluster.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
-    cm = {"apiVersion": "v1", "kind": "ConfigMap",
-          "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
-          "data": {keys.CONFIGMAP_KEY: yaml.safe_dump(CONFIG)}}
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(cm))
     for ns in NS.values():
         cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-    kube.delete(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)  # a Lease left by another module's reconciler
     try:
-        yield Env(cluster, kube)
+        yield Env(cluster, kube, bundle, tmp_path_factory.mktemp("helm"))
     finally:
         cluster.stop_process(RECONCILER)
         stop_webhook(cluster, WEBHOOK)
-        cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
         for ns in NS.values():
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        clean()
 
 
 def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them(env: Env) -> None:
-    # --- installed: two held jobs and one Kueue owns ---------------------------------------------
-    start_webhook(env.cluster, name=WEBHOOK)
+    # --- installed with the chart: two held jobs and one Kueue owns ------------------------------
+    env.cluster.kubectl("apply", "-f", str(ROOT / "config" / "base" / "namespace.yaml"))
+    env.helm("install", RELEASE, str(ROOT / "charts" / "raygate"), "--namespace", keys.SYSTEM_NAMESPACE,
+             "--set-json", f"config={json.dumps(CONFIG)}")
+    env.point_registrations_at(start_webhook(env.cluster, name=WEBHOOK, register=False))
     start_reconciler(env.cluster, name=RECONCILER)
     for key in ("release", "delete"):
         env.kube.create(RAYJOBS, rayjob("train"), NS[key])
@@ -133,9 +166,19 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
     assert f"MutatingWebhookConfiguration {keys.MUTATING_WEBHOOK_CONFIG} is registered" in refused.stderr
     assert held(env.job(NS["release"]))
 
-    # --- uninstalled: what helm uninstall takes away ---------------------------------------------
-    env.cluster.stop_process(RECONCILER)  # a clean stop releases the leader Lease
-    stop_webhook(env.cluster, WEBHOOK)
+    # --- helm uninstall: registrations, RBAC, ConfigMap and Deployments go; their pods stop --------
+    env.helm("uninstall", RELEASE, "--namespace", keys.SYSTEM_NAMESPACE, "--wait")
+    assert not env.cluster.kubectl("get", "mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG,
+                                   "--ignore-not-found", "-o", "name").strip()
+    # Its RBAC is gone, so the stopping reconciler cannot release its Lease, as on a cluster: release
+    # says so, and goes ahead once the Lease has expired.
+    env.cluster.stop_process(RECONCILER)
+    env.cluster.stop_process(WEBHOOK)
+    lingering = env.release("-n", NS["release"])
+    if lingering.returncode:
+        assert "holds Lease" in lingering.stderr and "run this again then" in lingering.stderr, lingering.stderr
+    wait(lambda: env.release("-n", NS["release"]).returncode == 0, 60, "the reconciler's Lease to expire",
+         interval=1)
 
     # As the README says: still suspended, raygate's label and annotations kept, the children kept,
     # and KubeRay never made a cluster for it. Nothing is left to unsuspend it.
