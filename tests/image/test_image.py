@@ -163,6 +163,7 @@ def test_webhook_and_reconciler_in_the_image_hold_a_job_and_request_its_capacity
     for f in files.iterdir():
         f.chmod(0o644)  # test credentials in a test's own directory; the Deployment uses fsGroup instead
     ensure_system_namespace(cluster)
+    cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
     cluster.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
                     f"--from-literal={keys.CONFIGMAP_KEY}=defaults: {{mode: provisioning}}\n")
     for rbac in (RECONCILER_RBAC, CERTS_RBAC):
