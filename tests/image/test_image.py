@@ -96,7 +96,7 @@ def test_command_runs_in_the_image_read_only_as_non_root(args: list[str]) -> Non
     proc = run_in_image(*args)
     assert proc.returncode == 0, f"`raygate {' '.join(args)}` in {IMAGE} failed:\n{proc.stderr}"
     # The same help as this checkout's: the image holds this code, not a stale build.
-    assert proc.stdout == local_help(*args)
+    assert proc.stdout == local_help(*args), f"{IMAGE} was built from other code than this checkout: run `make image`"
 
 
 def test_image_runs_as_the_non_root_user_of_the_manifests() -> None:
