@@ -196,7 +196,9 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
     request = before["release"]["metadata"]["annotations"][keys.REQUEST_ANNOTATION]
     assert f"delete ProvisioningRequest/{request}" in dry.stdout
     assert "Dry run: nothing changed" in dry.stdout
-    assert env.job(NS["release"])["metadata"]["resourceVersion"] == before["release"]["metadata"]["resourceVersion"]
+    after_dry = env.job(NS["release"])
+    assert held(after_dry) and after_dry["metadata"]["annotations"] == before["release"]["metadata"]["annotations"]
+    assert len(env.children(NS["release"])) == 2
 
     # --- release: unsuspended, raygate's marks and children gone, KubeRay starts it --------------
     done = env.release("-n", NS["release"], "--yes")
