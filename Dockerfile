@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # raygate: one image for the webhook (`raygate webhook`) and the reconciler (`raygate reconciler`).
 #   docker build -t ghcr.io/raygate/raygate:0.1.0 .
-# Needs BuildKit (the default builder since Docker 23) for the bind mount in the final stage.
-# BASE_IMAGE: any Debian-like image with python3.11 and pip on PATH. `make image` passes a base
-# bootstrapped from Debian packages (image/base.sh), so the build needs no registry.
+# Needs BuildKit (the default builder since Docker 23) or buildah for the bind mount in the final stage.
+# BASE_IMAGE: any Debian-like image with python3.11 and pip on PATH. `make image` builds with buildah
+# from a base bootstrapped from Debian packages (image/build.sh), so it needs no registry.
 
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
