@@ -17,6 +17,8 @@ WORKDIR /src
 
 # Exactly the files the wheel is built from (tests/integration/test_packaging.py builds the
 # wheel from this same list, so a package missing here fails a test, not a release).
+# webhook/, reconciler/ and certs/ are installed as raygate.webhook, raygate.reconciler and
+# raygate.certs (package-dir in pyproject.toml): the wheel holds the one top-level name raygate.
 COPY pyproject.toml README.md ./
 COPY raygate/ raygate/
 COPY webhook/ webhook/

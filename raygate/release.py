@@ -26,11 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate import keys
-from raygate.errors import RaygateError
+from raygate.core import keys
+from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
-    from raygate.kube import JSON, Kube, Resource
+    from raygate.core.workload import JSON
+    from raygate.kube.client import Kube, Resource
 
 RELEASABLE_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 VOLCANO_MODE = "volcano"
@@ -238,7 +239,7 @@ def render(p: Plan, out: TextIO) -> None:
 # --- against the cluster ----------------------------------------------------------------------
 
 def _provreq_resource(kube: Kube) -> Resource | None:
-    from raygate.kube import provisioning_requests
+    from raygate.kube.client import provisioning_requests
 
     for version in keys.PROVREQ_VERSIONS:
         if kube.served(keys.PROVREQ_GROUP, version):
@@ -247,7 +248,7 @@ def _provreq_resource(kube: Kube) -> Resource | None:
 
 
 def child_resources(kube: Kube) -> dict[str, Resource]:
-    from raygate.kube import PODGROUPS, PODTEMPLATES
+    from raygate.kube.client import PODGROUPS, PODTEMPLATES
 
     out: dict[str, Resource] = {"PodTemplate": PODTEMPLATES}
     if (pr := _provreq_resource(kube)) is not None:
@@ -258,7 +259,7 @@ def child_resources(kube: Kube) -> dict[str, Resource]:
 
 
 def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
-    from raygate.kube import LEASES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError
+    from raygate.kube.client import LEASES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError
 
     def exists(res: Resource, name: str, namespace: str | None = None) -> JSON | None:
         try:
@@ -283,7 +284,7 @@ def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
 
 
 def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, dict[str, Resource]]:
-    from raygate.kube import RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.kube.client import RAYCLUSTERS, RAYJOBS, ApiError
 
     kinds = child_resources(kube)
     try:
@@ -307,8 +308,8 @@ def _delete_children(kube: Kube, kinds: Mapping[str, Resource], children: Sequen
 
 def execute(kube: Kube, p: Plan, kinds: Mapping[str, Resource], out: TextIO) -> int:
     """Carry out the plan; returns how many jobs could not be handled (each says why)."""
-    from raygate import events
-    from raygate.kube import JSON_PATCH, RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.kube import events
+    from raygate.kube.client import JSON_PATCH, RAYCLUSTERS, RAYJOBS, ApiError
 
     failed = 0
     for i in p.acting:
@@ -338,7 +339,7 @@ def execute(kube: Kube, p: Plan, kinds: Mapping[str, Resource], out: TextIO) -> 
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from raygate.kube import Kube
+    from raygate.kube.client import Kube
 
     out = out or sys.stdout
     kube = Kube.connect(args.kubeconfig, user_agent="raygate-release")

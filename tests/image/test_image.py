@@ -29,7 +29,7 @@ from builders import gpu_job
 from waiting import wait
 
 import raygate
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane, free_port
 from raygate.devenv.raygate_local import (
     CERTS_RBAC,
@@ -40,7 +40,7 @@ from raygate.devenv.raygate_local import (
     unregister_webhook,
     write_tls,
 )
-from webhook.registration import configurations
+from raygate.webhook.registration import configurations
 
 pytestmark = pytest.mark.image
 

@@ -26,11 +26,12 @@ from pathlib import Path
 import pytest
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.workload import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube import EVENTS, JSON, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
+from raygate.kube.client import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from raygate import keys
+from raygate.core import keys
 from raygate.release import Child, blockers, child_of, plan, release_ops, render
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
