@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
 
 REPO = Path(__file__).resolve().parent.parent
 OUT_DIR = REPO / "build" / "bench"

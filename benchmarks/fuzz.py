@@ -36,7 +36,7 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import admission_review, rayjob
 from benchmarks.webhook_bench import NAMESPACE, _Conn, _wait_all_workers_ready, http_request
-from raygate import keys
+from raygate.core import keys
 
 BIG_BODY_MB = 50
 DEPLOYMENT = Path(__file__).resolve().parents[1] / "config" / "base" / "webhook-deployment.yaml"
@@ -286,7 +286,7 @@ def _stress_large(port: int, ca_file: str, out: dict[str, Any], stop: threading.
 
 def _memory_limit_mb() -> float:
     """The webhook container's memory limit in config/base, in MB."""
-    from raygate import quantity
+    from raygate.core import quantity
 
     for doc in yaml.safe_load_all(DEPLOYMENT.read_text()):
         for c in (((doc or {}).get("spec") or {}).get("template") or {}).get("spec", {}).get("containers", []):

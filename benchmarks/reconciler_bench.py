@@ -36,9 +36,10 @@ from typing import Any
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import rayjob
-from raygate import keys
-from raygate.informer import Informer
-from raygate.kube import JSON, LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
+from raygate.core import keys
+from raygate.core.workload import JSON
+from raygate.kube.client import LEASES, MERGE_PATCH, RAYJOBS, ApiError, Kube, Resource, provisioning_requests
+from raygate.kube.informer import Informer
 
 NAMESPACE = "bench-jobs"
 P99_TARGET_S = 1.0

@@ -6,7 +6,7 @@ import copy
 import uuid
 from typing import Any
 
-from raygate import keys
+from raygate.core import keys
 
 JSON = dict[str, Any]
 

@@ -29,8 +29,8 @@ import orjson
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import admission_review, rayjob
-from raygate import keys
-from raygate.policy import Mode, NamespacePolicy, RaygateConfig
+from raygate.core import keys
+from raygate.core.policy import Mode, NamespacePolicy, RaygateConfig
 
 NAMESPACE = "bench"
 OPT_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
@@ -67,8 +67,8 @@ def _time_calls(fn: Any, iterations: int, warmup: int) -> tuple[list[float], lis
 
 
 def bench_decision(iterations: int) -> dict[str, Any]:
-    from webhook.decision import mutate
-    from webhook.handler import answer
+    from raygate.webhook.decision import mutate
+    from raygate.webhook.handler import answer
 
     review = admission_review(rayjob(namespace=NAMESPACE))
     body = orjson.dumps(review)

@@ -2,37 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
+from raygate.kube.client import ApiError
 
 
-def server_message(exc: ApiException) -> str:
-    """The Status message the API server sent, else the HTTP reason."""
-    try:
-        message = json.loads(exc.body or "")["message"]
-    except (ValueError, TypeError, KeyError):
-        message = None
-    return str(message or exc.reason or "no details")
-
-
-def _describe(exc: ApiException, verb: str, resource: str, namespace: str | None, host: str) -> str:
+def _describe(err: ApiError, verb: str, resource: str, namespace: str | None, host: str) -> str:
     where = f" in namespace {namespace}" if namespace else " (cluster-scoped)"
-    if not exc.status:  # the client reports TLS failures as status 0
-        return f"cannot reach the API server at {host}: {exc.reason}"
-    if exc.status == 401:
+    if not err.status:  # the client reports connection and TLS failures as status 0
+        return f"cannot reach the API server at {host}: {err.message}"
+    if err.status == 401:
         return f"the API server at {host} rejected the credentials: check the kubeconfig or service account token"
-    if exc.status == 403:
+    if err.status == 403:
         return (
             f"no permission to {verb} {resource}{where}: grant the verb {verb!r} on {resource!r} "
-            f"to this user or service account ({server_message(exc)})"
+            f"to this user or service account ({err.message})"
         )
-    return f"{verb} {resource}{where} failed with HTTP {exc.status}: {server_message(exc)}"
+    return f"{verb} {resource}{where} failed with HTTP {err.status}: {err.message}"
 
 
 @contextmanager
@@ -43,8 +31,5 @@ def api_errors(verb: str, resource: str, namespace: str | None, host: str) -> It
     """
     try:
         yield
-    except ApiException as exc:
-        raise RaygateError(_describe(exc, verb, resource, namespace, host)) from exc
-    except urllib3.exceptions.HTTPError as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise RaygateError(f"cannot reach the API server at {host}: {reason}") from exc
+    except ApiError as err:
+        raise RaygateError(_describe(err, verb, resource, namespace, host)) from err

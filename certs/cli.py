@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from raygate.errors import RaygateError
-from raygate.keys import (
+from raygate.core.errors import RaygateError
+from raygate.core.keys import (
     MUTATING_WEBHOOK_CONFIG,
     SYSTEM_NAMESPACE,
     TLS_SECRET,
@@ -19,7 +19,7 @@ from raygate.keys import (
 )
 
 if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+    from raygate.kube.client import Kube
 
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
@@ -108,30 +108,24 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_api_client(kubeconfig: str | None) -> ApiClient:
-    """An ApiClient from `kubeconfig`, else the in-cluster service account, else the default kubeconfig."""
-    from kubernetes import client, config
+def connect(kubeconfig: str | None) -> Kube:
+    """raygate's one Kubernetes client: `kubeconfig`, else in-cluster, else $KUBECONFIG or ~/.kube/config."""
+    from raygate.kube.client import Kube
 
-    try:
-        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            configuration = client.Configuration()
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        return client.ApiClient(configuration)
-    except (config.ConfigException, OSError, ValueError) as exc:
-        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        raise RaygateError(
-            f"cannot load the Kubernetes configuration from {where}: {exc}; pass --kubeconfig PATH"
-        ) from exc
+    return Kube.connect(kubeconfig, user_agent="raygate-certs")
+
+
+def renew_forever(kube: Kube, namespace: str, stop_event: threading.Event) -> None:
+    """Keep the webhook certificate in `namespace` valid until `stop_event` is set (the reconciler runs
+    this with its own client, so its identity and `--as` apply to the Secret and the caBundle too)."""
+    from raygate.certs.ensure import Spec, rotate_forever
+
+    rotate_forever(kube, Spec(namespace=namespace), stop_event=stop_event)
 
 
 def _ensure(args: argparse.Namespace) -> int:
-    from certs.ensure import Spec, ensure
-    from certs.inject import WebhookConfigs
+    from raygate.certs.ensure import Spec, ensure
+    from raygate.certs.inject import WebhookConfigs
 
     spec = Spec(
         namespace=args.namespace,
@@ -148,19 +142,19 @@ def _ensure(args: argparse.Namespace) -> int:
         ),
         out_dir=args.out_dir,
     )
-    result = ensure(load_api_client(args.kubeconfig), spec)
+    result = ensure(connect(args.kubeconfig), spec)
     print(result.summary(dt.datetime.now(dt.UTC)))
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    from certs.rotation import describe
-    from certs.store import read_files, read_secret
+    from raygate.certs.store import read_files, read_secret
+    from raygate.core.pki import describe
 
     if args.dir is not None:
         stored, source = read_files(args.dir), f"directory {args.dir}"
     else:
-        loaded = read_secret(load_api_client(args.kubeconfig), args.namespace, args.secret)
+        loaded = read_secret(connect(args.kubeconfig), args.namespace, args.secret)
         if not loaded.exists:
             raise RaygateError(
                 f"Secret {args.namespace}/{args.secret} does not exist: run `raygate certs ensure`"

@@ -11,10 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from kubernetes import client
-
-from certs.inject import Injection, WebhookConfigs, inject_ca_bundle
-from certs.rotation import (
+from raygate.certs.inject import Injection, WebhookConfigs, inject_ca_bundle
+from raygate.certs.rotation import (
     DEFAULT_CA_VALIDITY,
     DEFAULT_RENEW_BEFORE,
     DEFAULT_SERVING_VALIDITY,
@@ -22,13 +20,14 @@ from certs.rotation import (
     Policy,
     Stored,
     decide,
-    describe,
     issue,
     service_sans,
 )
-from certs.store import SecretConflict, read_secret, write_files, write_secret
-from raygate.errors import RaygateError
-from raygate.keys import SYSTEM_NAMESPACE, TLS_SECRET, WEBHOOK_SERVICE
+from raygate.certs.store import SecretConflict, read_secret, write_files, write_secret
+from raygate.core.errors import RaygateError
+from raygate.core.keys import SYSTEM_NAMESPACE, TLS_SECRET, WEBHOOK_SERVICE
+from raygate.core.pki import describe
+from raygate.kube.client import Kube
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +98,12 @@ class Result:
 
 
 def _settle_secret(
-    api_client: client.ApiClient, spec: Spec, now: dt.datetime
+    kube: Kube, spec: Spec, now: dt.datetime
 ) -> tuple[Stored, Action, str, bool]:
     """Read, decide, write; on a conflict read again, so concurrent runs adopt the winner's certs."""
     sans, policy = spec.sans, spec.policy
     for _ in range(_CONFLICT_RETRIES):
-        loaded = read_secret(api_client, spec.namespace, spec.secret)
+        loaded = read_secret(kube, spec.namespace, spec.secret)
         decision = decide(loaded.stored, sans, now, policy)
         material = issue(
             decision,
@@ -118,7 +117,7 @@ def _settle_secret(
         if decision.action is Action.KEEP:
             return material, decision.action, decision.reason, loaded.stored.empty
         try:
-            write_secret(api_client, spec.namespace, spec.secret, material, loaded.resource_version)
+            write_secret(kube, spec.namespace, spec.secret, material, loaded.resource_version)
         except SecretConflict as exc:
             log.info("certificate Secret changed concurrently, reading again", extra={"detail": str(exc)})
             continue
@@ -129,13 +128,13 @@ def _settle_secret(
     )
 
 
-def ensure(api_client: client.ApiClient, spec: Spec | None = None, now: dt.datetime | None = None) -> Result:
+def ensure(kube: Kube, spec: Spec | None = None, now: dt.datetime | None = None) -> Result:
     """Create or renew the certificates as needed, then make the webhooks trust the CA."""
     spec = spec or Spec()
     now = now or dt.datetime.now(dt.UTC)
-    material, action, reason, was_empty = _settle_secret(api_client, spec, now)
+    material, action, reason, was_empty = _settle_secret(kube, spec, now)
     # The Secret first: if injecting fails, the next run still finds the CA it must inject.
-    injections = inject_ca_bundle(api_client, material.ca_cert or b"", spec.webhook_configs)
+    injections = inject_ca_bundle(kube, material.ca_cert or b"", spec.webhook_configs)
     files = write_files(spec.out_dir, material) if spec.out_dir is not None else []
     serving, ca = describe(material.tls_cert), describe(material.ca_cert)
     if serving is None or ca is None:  # issue() only returns parseable material
@@ -168,7 +167,7 @@ def ensure(api_client: client.ApiClient, spec: Spec | None = None, now: dt.datet
 
 
 def rotate_forever(
-    api_client: client.ApiClient,
+    kube: Kube,
     spec: Spec,
     *,
     stop_event: threading.Event,
@@ -183,7 +182,7 @@ def rotate_forever(
     while not stop_event.is_set():
         wait = interval
         try:
-            ensure(api_client, spec)
+            ensure(kube, spec)
         except Exception as exc:
             log.error(
                 "certificate rotation failed",

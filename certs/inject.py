@@ -6,16 +6,14 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from certs.apierrors import api_errors
-from raygate.errors import RaygateError
-from raygate.keys import FIELD_MANAGER, MUTATING_WEBHOOK_CONFIG, VALIDATING_WEBHOOK_CONFIG
+from raygate.certs.apierrors import api_errors
+from raygate.core.errors import RaygateError
+from raygate.core.keys import MUTATING_WEBHOOK_CONFIG, VALIDATING_WEBHOOK_CONFIG
+from raygate.kube.client import MUTATING_WEBHOOKS, STRATEGIC_MERGE_PATCH, VALIDATING_WEBHOOKS, ApiError, Kube, Resource
 
 log = logging.getLogger(__name__)
 
@@ -67,44 +65,13 @@ def ca_bundle_patch(names: Sequence[str], ca_bundle: bytes, resource_version: st
     }
 
 
-@dataclass(frozen=True)
-class _Kind:
-    kind: str
-    resource: str
-    read: Callable[[str], Any]
-    patch: Callable[[str, dict[str, Any]], Any]
-
-
-def _kinds(api_client: client.ApiClient) -> tuple[_Kind, _Kind]:
-    api = client.AdmissionregistrationV1Api(api_client)
-    strategic = "application/strategic-merge-patch+json"
-    return (
-        _Kind(
-            "MutatingWebhookConfiguration",
-            "mutatingwebhookconfigurations",
-            api.read_mutating_webhook_configuration,
-            lambda name, body: api.patch_mutating_webhook_configuration(
-                name, body, field_manager=FIELD_MANAGER, _content_type=strategic
-            ),
-        ),
-        _Kind(
-            "ValidatingWebhookConfiguration",
-            "validatingwebhookconfigurations",
-            api.read_validating_webhook_configuration,
-            lambda name, body: api.patch_validating_webhook_configuration(
-                name, body, field_manager=FIELD_MANAGER, _content_type=strategic
-            ),
-        ),
-    )
-
-
-def _inject_one(kind: _Kind, name: str, ca_bundle: bytes, skip_missing: bool, host: str) -> Injection:
+def _inject_one(kube: Kube, kind: Resource, name: str, ca_bundle: bytes, skip_missing: bool) -> Injection:
     for _ in range(_CONFLICT_RETRIES):
-        with api_errors("get", kind.resource, None, host):
+        with api_errors("get", kind.plural, None, kube.host):
             try:
-                obj = kind.read(name)
-            except ApiException as exc:
-                if exc.status != 404:
+                obj = kube.get(kind, name)
+            except ApiError as exc:
+                if not exc.not_found:
                     raise
                 if not skip_missing:
                     raise RaygateError(
@@ -116,17 +83,18 @@ def _inject_one(kind: _Kind, name: str, ca_bundle: bytes, skip_missing: bool, ho
                     extra={"kind": kind.kind, "object": name},
                 )
                 return Injection(kind.kind, name, "missing")
-        current = [(w.name, w.client_config.ca_bundle if w.client_config else None) for w in obj.webhooks or []]
+        current = [(str(w.get("name", "")), (w.get("clientConfig") or {}).get("caBundle"))
+                   for w in obj.get("webhooks") or []]
         if not current:
             log.warning("webhook configuration has no webhooks", extra={"kind": kind.kind, "object": name})
         stale = stale_webhooks(current, ca_bundle)
         if not stale:
             return Injection(kind.kind, name, "unchanged")
-        patch = ca_bundle_patch(stale, ca_bundle, str(obj.metadata.resource_version))
-        with api_errors("patch", kind.resource, None, host):
+        patch = ca_bundle_patch(stale, ca_bundle, str((obj.get("metadata") or {}).get("resourceVersion", "")))
+        with api_errors("patch", kind.plural, None, kube.host):
             try:
-                kind.patch(name, patch)
-            except ApiException as exc:
+                kube.patch(kind, name, patch, content_type=STRATEGIC_MERGE_PATCH)
+            except ApiError as exc:
                 if exc.status in (404, 409):
                     continue  # changed or deleted meanwhile: read again
                 raise
@@ -140,12 +108,10 @@ def _inject_one(kind: _Kind, name: str, ca_bundle: bytes, skip_missing: bool, ho
     )
 
 
-def inject_ca_bundle(api_client: client.ApiClient, ca_bundle: bytes, configs: WebhookConfigs) -> list[Injection]:
+def inject_ca_bundle(kube: Kube, ca_bundle: bytes, configs: WebhookConfigs) -> list[Injection]:
     """Make every webhook in the chosen configurations trust `ca_bundle` (PEM)."""
-    host = api_client.configuration.host
-    mutating, validating = _kinds(api_client)
     results = []
-    for kind, name in ((mutating, configs.mutating), (validating, configs.validating)):
+    for kind, name in ((MUTATING_WEBHOOKS, configs.mutating), (VALIDATING_WEBHOOKS, configs.validating)):
         if name:
-            results.append(_inject_one(kind, name, ca_bundle, configs.skip_missing, host))
+            results.append(_inject_one(kube, kind, name, ca_bundle, configs.skip_missing))
     return results

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certs import pki
-from raygate.errors import RaygateError
+from raygate.core import pki
+from raygate.core.errors import RaygateError
 
 DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
 DEFAULT_CA_VALIDITY = dt.timedelta(days=3650)
@@ -121,25 +121,9 @@ def service_sans(
     return out
 
 
-def cert_sans(cert: x509.Certificate) -> list[str]:
-    try:
-        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return []
-    dns = [d.lower() for d in ext.get_values_for_type(x509.DNSName)]
-    return dns + [str(ip) for ip in ext.get_values_for_type(x509.IPAddress)]
 
 
 # --- parsing that never raises -----------------------------------------------------------------------
-def _certs(pem: bytes | None) -> list[x509.Certificate]:
-    if not pem:
-        return []
-    try:
-        return x509.load_pem_x509_certificates(pem)
-    except ValueError:
-        return []
-
-
 def _key(pem: bytes | None) -> PrivateKeyTypes | None:
     if not pem:
         return None
@@ -189,7 +173,7 @@ def _iso(t: dt.datetime) -> str:
 
 # --- the decision ----------------------------------------------------------------------------------
 def _ca_problem(stored: Stored, now: dt.datetime, policy: Policy) -> str | None:
-    cas = _certs(stored.ca_cert)
+    cas = pki.read_certificates(stored.ca_cert)
     if not cas:
         return "the CA certificate (ca.crt) is missing or unreadable"
     ca, key = cas[0], _key(stored.ca_key)
@@ -209,7 +193,7 @@ def _ca_problem(stored: Stored, now: dt.datetime, policy: Policy) -> str | None:
 
 
 def _serving_problem(stored: Stored, sans: Sequence[str], now: dt.datetime, policy: Policy) -> str | None:
-    chain = _certs(stored.tls_cert)
+    chain = pki.read_certificates(stored.tls_cert)
     if not chain:
         return "the serving certificate (tls.crt) is missing or unreadable"
     cert, key = chain[0], _key(stored.tls_key)
@@ -217,11 +201,11 @@ def _serving_problem(stored: Stored, sans: Sequence[str], now: dt.datetime, poli
         return "the serving key (tls.key) is missing or unreadable"
     if not _matches(cert, key):
         return "the serving key does not match the serving certificate"
-    if not _signed_by(cert, _certs(stored.ca_cert)[0]):
+    if not _signed_by(cert, pki.read_certificates(stored.ca_cert)[0]):
         return "the serving certificate is not signed by the stored CA"
     if not _server_auth(cert):
         return "the serving certificate lacks the serverAuth extended key usage"
-    have, want = set(cert_sans(cert)), {canonical_name(n) for n in sans}
+    have, want = set(pki.cert_sans(cert)), {canonical_name(n) for n in sans}
     if have != want:
         added, removed = sorted(want - have), sorted(have - want)
         return f"the SANs changed (add {added or 'nothing'}, remove {removed or 'nothing'})"
@@ -245,7 +229,7 @@ def decide(stored: Stored | None, sans: Sequence[str], now: dt.datetime, policy:
     problem = _serving_problem(stored, sans, now, policy)
     if problem is not None:
         return Decision(Action.RENEW, problem)
-    not_after = _certs(stored.tls_cert)[0].not_valid_after_utc
+    not_after = pki.read_certificates(stored.tls_cert)[0].not_valid_after_utc
     return Decision(Action.KEEP, f"valid until {_iso(not_after)}")
 
 
@@ -258,7 +242,7 @@ def _signing_ca(stored: Stored | None) -> pki.KeyPair | None:
     """The stored CA when it is a sound CA with its own key (whatever its dates)."""
     if stored is None:
         return None
-    cas, key = _certs(stored.ca_cert), _key(stored.ca_key)
+    cas, key = pki.read_certificates(stored.ca_cert), _key(stored.ca_key)
     if not cas or key is None or not _matches(cas[0], key) or not _is_ca(cas[0]):
         return None
     return pki.KeyPair(_pem(cas[:1]), stored.ca_key or b"")
@@ -292,7 +276,7 @@ def issue(
         if old_ca is None or stored is None or stored.ca_cert is None:
             raise ValueError("renewing needs a sound stored CA; decide() says regenerate otherwise")
         ca = old_ca
-        cas = _certs(stored.ca_cert)
+        cas = pki.read_certificates(stored.ca_cert)
         unexpired = [c for c in cas if c.not_valid_after_utc > now]
         # Keep the stored bytes when nothing expired, so the caBundle does not change needlessly.
         bundle = stored.ca_cert if len(unexpired) == len(cas) else _pem(unexpired)
@@ -300,33 +284,3 @@ def issue(
     valid_for = min(policy.serving_validity, ca.cert.not_valid_after_utc - start)
     leaf = pki.make_leaf(ca, common_name, valid_for, sans=list(sans), start=start)
     return Stored(ca_cert=bundle, ca_key=ca.key_pem, tls_cert=leaf.cert_pem, tls_key=leaf.key_pem)
-
-
-# --- describing ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CertInfo:
-    subject: str
-    issuer: str
-    sans: tuple[str, ...]
-    serial: int
-    not_before: dt.datetime
-    not_after: dt.datetime
-
-    def left(self, now: dt.datetime) -> dt.timedelta:
-        return self.not_after - now
-
-
-def describe(pem: bytes | None) -> CertInfo | None:
-    """The first certificate in `pem`, or None when there is none or it cannot be read."""
-    certs = _certs(pem)
-    if not certs:
-        return None
-    c = certs[0]
-    return CertInfo(
-        subject=c.subject.rfc4514_string(),
-        issuer=c.issuer.rfc4514_string(),
-        sans=tuple(cert_sans(c)),
-        serial=c.serial_number,
-        not_before=c.not_valid_before_utc,
-        not_after=c.not_valid_after_utc,
-    )

@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from certs.apierrors import api_errors
-from certs.rotation import Stored
-from raygate.errors import RaygateError
-from raygate.keys import FIELD_MANAGER
+from raygate.certs.apierrors import api_errors
+from raygate.certs.rotation import Stored
+from raygate.core.errors import RaygateError
+from raygate.core.workload import JSON
+from raygate.kube.client import SECRETS, ApiError, Kube
 
 # The key names kubelet and every TLS consumer expect in a kubernetes.io/tls Secret (plus the CA).
 TLS_CERT = "tls.crt"
@@ -59,22 +57,22 @@ def _encode(stored: Stored) -> dict[str, str]:
     return {k: base64.b64encode(v).decode() for k, v in pairs.items() if v is not None}
 
 
-def _resource_version(secret: client.V1Secret) -> str:
-    if secret.metadata is None or not secret.metadata.resource_version:
+def _resource_version(secret: JSON) -> str:
+    version = (secret.get("metadata") or {}).get("resourceVersion")
+    if not version:
         raise RuntimeError("the API server returned a Secret without resourceVersion")
-    return str(secret.metadata.resource_version)
+    return str(version)
 
 
-def read_secret(api_client: client.ApiClient, namespace: str, name: str) -> LoadedSecret:
-    core = client.CoreV1Api(api_client)
-    with api_errors("get", "secrets", namespace, api_client.configuration.host):
+def read_secret(kube: Kube, namespace: str, name: str) -> LoadedSecret:
+    with api_errors("get", "secrets", namespace, kube.host):
         try:
-            secret = core.read_namespaced_secret(name, namespace)
-        except ApiException as exc:
-            if exc.status != 404:
+            secret = kube.get(SECRETS, name, namespace)
+        except ApiError as err:
+            if not err.not_found:
                 raise
             return LoadedSecret(Stored(), None)
-    data = dict(secret.data or {})
+    data = dict(secret.get("data") or {})
     stored = Stored(
         ca_cert=_decode(data, CA_CERT),
         ca_key=_decode(data, CA_KEY),
@@ -84,28 +82,19 @@ def read_secret(api_client: client.ApiClient, namespace: str, name: str) -> Load
     return LoadedSecret(stored, _resource_version(secret))
 
 
-def write_secret(
-    api_client: client.ApiClient, namespace: str, name: str, stored: Stored, resource_version: str | None
-) -> str:
+def write_secret(kube: Kube, namespace: str, name: str, stored: Stored, resource_version: str | None) -> str:
     """Create the Secret (resource_version None) or update the one read at `resource_version`.
 
     Returns the new resourceVersion; raises SecretConflict when another writer got there first.
     """
-    core = client.CoreV1Api(api_client)
-    host = api_client.configuration.host
+    host = kube.host
     data = _encode(stored)
     if resource_version is None:
-        body = client.V1Secret(
-            api_version="v1",
-            kind="Secret",
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            type=SECRET_TYPE,
-            data=data,
-        )
+        body = {"metadata": {"name": name, "namespace": namespace}, "type": SECRET_TYPE, "data": data}
         with api_errors("create", "secrets", namespace, host):
             try:
-                created = core.create_namespaced_secret(namespace, body, field_manager=FIELD_MANAGER)
-            except ApiException as exc:
+                created = kube.create(SECRETS, body, namespace)
+            except ApiError as exc:
                 if exc.status == 409:
                     raise SecretConflict(f"Secret {namespace}/{name} was created concurrently") from exc
                 if exc.status == 404:
@@ -120,11 +109,8 @@ def write_secret(
     patch = {"metadata": {"resourceVersion": resource_version}, "data": data}
     with api_errors("patch", "secrets", namespace, host):
         try:
-            updated = core.patch_namespaced_secret(
-                name, namespace, patch, field_manager=FIELD_MANAGER,
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
+            updated = kube.patch(SECRETS, name, patch, namespace)  # a merge patch
+        except ApiError as exc:
             if exc.status in (404, 409):
                 raise SecretConflict(f"Secret {namespace}/{name} changed concurrently") from exc
             raise

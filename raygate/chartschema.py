@@ -6,7 +6,7 @@ models the webhook and the reconciler parse it with: unknown keys, wrong types, 
 out-of-range numbers fail the install, naming the field. The models' cross-field rules (a
 namespace selector that matches kube-system, kueue mode with raygate's own ProvisioningRequests)
 are not expressible in JSON Schema; tests/integration/test_chart.py parses the rendered ConfigMap
-with `raygate.policy.parse_config`, and the running components refuse such a config (Event,
+with `raygate.core.policy.parse_config`, and the running components refuse such a config (Event,
 `raygate_config_valid` = 0) while the last good one keeps serving.
 
 `python -m raygate.chartschema --write` rewrites the file; tests/unit/test_chartschema.py fails
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raygate.policy import RaygateConfig
+from raygate.core.policy import RaygateConfig
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "charts" / "raygate" / "values.schema.json"
 _DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

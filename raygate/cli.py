@@ -7,27 +7,31 @@ Each component registers its own subcommand; heavy imports happen inside the han
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
 
 _Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
 
 def _registrars() -> list[_Registrar]:
-    from certs import cli as certs_cli
-    from raygate import demo, explain, status
+    from raygate import demo, explain, release, status
+    from raygate.certs import cli as certs_cli
     from raygate.devenv import cli as dev_cli
-    from reconciler import cli as reconciler_cli
-    from webhook import cli as webhook_cli
+    from raygate.reconciler import cli as reconciler_cli
+    from raygate.webhook import cli as webhook_cli
 
     return [
         webhook_cli.register,
-        reconciler_cli.register,
+        # The commands wire the components together: the reconciler renews the webhook certificate
+        # with the certs component's loop without importing it.
+        functools.partial(reconciler_cli.register, renew_certificates=certs_cli.renew_forever),
         certs_cli.register,
         explain.register,
         status.register,
+        release.register,
         dev_cli.register,
         demo.register,
     ]

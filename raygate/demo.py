@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygate import keys
-from raygate.errors import RaygateError
+from raygate.core import keys
+from raygate.core.errors import RaygateError
 
 JOBS = ("train-a", "train-b")
 WORKERS = 2
@@ -103,7 +103,7 @@ class Timeline:
         print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        from raygate.kube import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
+        from raygate.kube.client import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
 
         jobs = {j["metadata"]["name"]: j for j in self.kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]}
         clusters = self.kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
@@ -140,8 +140,8 @@ class Timeline:
             self.say(subject, text)
 
     def tick(self) -> dict[str, dict[str, Any]]:
-        from raygate.kube import EVENTS
-        from reconciler.flow import raw_conditions
+        from raygate.core.conditions import raw_conditions
+        from raygate.kube.client import EVENTS
 
         snap = self.snapshot()
         # Cause before effect: nodes and requests, then the jobs they let run, then the jobs' Events.
@@ -221,7 +221,7 @@ def _start(args: argparse.Namespace) -> Any:
     from raygate.devenv.capacity import Layout, start_capacity
     from raygate.devenv.controlplane import ControlPlane
     from raygate.devenv.raygate_local import start_raygate
-    from raygate.kube import Kube
+    from raygate.kube.client import Kube
 
     cp = ControlPlane(args.dir, ensure_bundle())
     state = cp.up(kuberay=True)
@@ -233,7 +233,7 @@ def _start(args: argparse.Namespace) -> Any:
 def _clean_previous_run(cp: Any, kube: Any) -> None:
     """The namespace may hold jobs from an earlier run, or a user's: say what was there, then clear it,
     and wait until no pod holds a GPU node, so the two jobs start from the same empty node group."""
-    from raygate.kube import PODS, RAYCLUSTERS, RAYJOBS
+    from raygate.kube.client import PODS, RAYCLUSTERS, RAYJOBS
 
     found = [f"rayjob/{o['metadata']['name']}" for o in kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]]
     found += [f"raycluster/{o['metadata']['name']}" for o in kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
@@ -264,7 +264,7 @@ def names(objs: list[dict[str, Any]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from raygate.kube import RAYJOBS
+    from raygate.kube.client import RAYJOBS
 
     if args.gpu_nodes < 1:
         raise RaygateError("--gpu-nodes must be at least 1")

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.errors import RaygateError
-from raygate.policy import DEFAULT_CONFIG, ConfigError, Mode, RaygateConfig, parse_config
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.errors import RaygateError
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, Mode, RaygateConfig, parse_config
 
 # Why an object is left alone, in words, by the decision's outcome.
 LEFT_ALONE = {
@@ -124,9 +124,9 @@ def _meta(obj: dict[str, Any]) -> dict[str, Any]:
 def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
             user: str = "raygate-explain") -> dict[str, Any]:
     """The decision as the JSON object `-o json` prints."""
-    from raygate.workload import ManifestError, Workload
-    from webhook.decision import mutate
-    from webhook.review import AdmissionRequest
+    from raygate.core.workload import ManifestError, Workload
+    from raygate.webhook.decision import mutate
+    from raygate.webhook.review import AdmissionRequest
 
     meta = _meta(obj)
     request: AdmissionRequest = {

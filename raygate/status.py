@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate import keys
-from raygate.errors import RaygateError
+from raygate.core import keys
+from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
-    from raygate.kube import ApiError, Kube, Resource
+    from raygate.kube.client import ApiError, Kube, Resource
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 SELECTOR = f"{keys.STATE_LABEL} in ({','.join(SHOWN_STATES)})"
@@ -133,25 +133,6 @@ def render_json(rows: list[Held], out: TextIO) -> None:
     out.write(json.dumps({"kind": "RaygateStatus", "items": [r.as_json() for r in rows]}, indent=2) + "\n")
 
 
-IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
-def _context_namespace(kubeconfig: str | None) -> str:
-    import os
-    from pathlib import Path
-
-    from kubernetes import config
-
-    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and Path(IN_CLUSTER_NAMESPACE).is_file():
-        return Path(IN_CLUSTER_NAMESPACE).read_text().strip() or "default"
-    try:
-        _, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError, TypeError, ValueError):
-        return "default"
-    ns = (current or {}).get("context", {}).get("namespace")
-    return str(ns) if ns else "default"
-
-
 def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) -> RaygateError:
     where = f"in namespace {namespace}" if namespace else "in all namespaces"
     what = f"{res.plural}.{res.group}"
@@ -167,7 +148,7 @@ def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) ->
 
 
 def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -> list[Held]:
-    from raygate.kube import RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.kube.client import RAYCLUSTERS, RAYJOBS, ApiError
 
     now = now or dt.datetime.now(dt.UTC)
     rows: list[Held] = []
@@ -182,11 +163,11 @@ def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from raygate.kube import Kube
+    from raygate.kube.client import Kube, context_namespace
 
     out = out or sys.stdout
     kube = Kube.connect(args.kubeconfig, user_agent="raygate-status")
-    namespace = None if args.all_namespaces else (args.namespace or _context_namespace(args.kubeconfig))
+    namespace = None if args.all_namespaces else (args.namespace or context_namespace(args.kubeconfig))
     rows = collect(kube, namespace)
     if args.output == "json":
         render_json(rows, out)

@@ -14,11 +14,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.kube import JSON
-from raygate.policy import NamespacePolicy
-from raygate.workload import PodSet, Workload, get
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import JSON, PodSet, Workload, get
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -176,11 +175,6 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
                          api_version: str, pod_sets_fingerprint: str) -> JSON:
     if not pod_sets:
         raise BadInput("no pod set requests a managed resource, so there is nothing to provision")
-    if len(pod_sets) > keys.PROVREQ_MAX_POD_SETS:
-        raise BadInput(
-            f"{len(pod_sets)} pod sets request {', '.join(policy.managed_resources)}, but a ProvisioningRequest "
-            f"holds at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups"
-        )
     spec: JSON = {
         "provisioningClassName": policy.provisioning.class_name,
         "podSets": [{"podTemplateRef": {"name": template_name(w, p)}, "count": p.count} for p in pod_sets],

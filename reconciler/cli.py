@@ -9,12 +9,20 @@ import signal
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from raygate import keys
-from raygate.errors import RaygateError
+from raygate.core import keys
+from raygate.core.errors import RaygateError
+
+if TYPE_CHECKING:
+    from raygate.kube.client import Kube
 
 log = logging.getLogger("raygate.reconciler")
+
+CertificateRenewal = Callable[["Kube", str, threading.Event], None]
+"""(client, namespace, stop): renews the webhook certificate in `namespace` until stop is set."""
 
 
 def _positive(text: str) -> float:
@@ -41,7 +49,9 @@ def default_identity() -> str:
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
+             renew_certificates: CertificateRenewal | None = None) -> None:
+    """`renew_certificates`: what --manage-certs runs (the `raygate` command passes the certs component's)."""
     p = sub.add_parser(
         "reconciler",
         help="run the reconciler (ProvisioningRequests, PodGroups, unsuspend)",
@@ -81,17 +91,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "--no-manage-certs when cert-manager owns it (default: on)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: %(default)s)")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, renew_certificates=renew_certificates)
 
 
 def run(args: argparse.Namespace) -> int:
-    from raygate import logs
-    from raygate.configsource import ConfigSource
-    from raygate.kube import ApiError, Kube
-    from reconciler import metrics
-    from reconciler.controller import Controller, Options
-    from reconciler.housekeeping import Housekeeping
-    from reconciler.leader import LeaderElector, LeaseTiming
+    from raygate.core import logs
+    from raygate.kube.client import ApiError, Kube
+    from raygate.kube.configsource import ConfigSource
+    from raygate.reconciler import metrics
+    from raygate.reconciler.controller import Controller, Options
+    from raygate.reconciler.housekeeping import Housekeeping
+    from raygate.reconciler.leader import LeaderElector, LeaseTiming
 
     try:
         timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
@@ -109,8 +119,12 @@ def run(args: argparse.Namespace) -> int:
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None
     controller.start_informers()
-    housekeeping = Housekeeping(kube, config, manage_certs=args.manage_certs, kubeconfig=args.kubeconfig,
-                                namespace=args.namespace).start()
+    renewal: CertificateRenewal | None = args.renew_certificates if args.manage_certs else None
+    housekeeping = Housekeeping(
+        kube, config,
+        renew_certificates=None if renewal is None else (
+            lambda stop: renewal(kube, args.namespace, stop)),
+    ).start()
     server = metrics.serve(args.metrics_port, controller.not_ready)
     from prometheus_client import REGISTRY
 

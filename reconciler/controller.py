@@ -1,5 +1,5 @@
 """The watch-and-reconcile loop: informers feed a work queue of job keys; workers run the pure
-flow on what the caches hold and apply its plan.
+decision on what the caches hold and apply its plan.
 
 The caches are the reconciler's only view, and they can lag behind its own writes. Two small
 in-memory notes cover the lag (the job version a patch returned; children just created or
@@ -18,11 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate import events, keys, logs
-from raygate.configsource import ConfigSource
-from raygate.informer import Informer
-from raygate.kube import (
-    JSON,
+from raygate.core import keys, logs
+from raygate.core.workload import JSON, Workload, get
+from raygate.kube import events
+from raygate.kube.client import (
     JSON_PATCH,
     PODGROUPS,
     PODTEMPLATES,
@@ -34,10 +33,12 @@ from raygate.kube import (
     Resource,
     provisioning_requests,
 )
-from raygate.workload import Workload, get
-from reconciler import children, flow, metrics
-from reconciler.podgroup import QueueState, queue_state
-from reconciler.workqueue import Backoff, WorkQueue, run_workers
+from raygate.kube.configsource import ConfigSource
+from raygate.kube.informer import Informer
+from raygate.reconciler import children, decision, metrics
+from raygate.reconciler.decision import Outcome, Step
+from raygate.reconciler.podgroup import QueueState, queue_state
+from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
@@ -85,12 +86,12 @@ class EventSender:
         self.kube = kube
         self._busy = busy
         self._max_defer = max_defer
-        self._queue: queue.Queue[tuple[float, JSON, flow.Emit] | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[tuple[float, JSON, decision.Emit] | None] = queue.Queue(capacity)
         self._threads = [threading.Thread(target=self._run, name=f"events-{i}", daemon=True) for i in range(threads)]
         for t in self._threads:
             t.start()
 
-    def send(self, job: JSON, emit: flow.Emit) -> None:
+    def send(self, job: JSON, emit: decision.Emit) -> None:
         try:
             self._queue.put_nowait((time.monotonic(), job, emit))
         except queue.Full:
@@ -273,20 +274,20 @@ class Controller:
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[str, list[JSON]], *, retry_conflict: bool) -> None:
         w = Workload(obj)
         policy = self.config.config.policy_for(w.namespace)
-        obs = flow.Observed(
+        obs = decision.Observed(
             requests=tuple(kids.get("ProvisioningRequest", ())), templates=tuple(kids.get("PodTemplate", ())),
             pod_groups=tuple(kids.get("PodGroup", ())),
         )
-        queue = flow.queue_to_check(w, policy, obs)
+        queue = decision.queue_to_check(w, policy, obs)
         if queue is not None:
-            obs = flow.Observed(obs.requests, obs.templates, obs.pod_groups, self._queue_state(queue))
+            obs = decision.Observed(obs.requests, obs.templates, obs.pod_groups, self._queue_state(queue))
         now = self.clock()
-        plan = flow.decide(w, obs, policy, now, self.provreq_version)
+        plan = decision.decide(w, obs, policy, now, self.provreq_version)
         try:
             self._apply(key, w, obs, plan, now)
         except RefusedChild as err:
             # The API server will never take this child as the job is written: a reason, not a retry loop.
-            self._apply(key, w, obs, flow.fail(w, obs, str(err)), now)
+            self._apply(key, w, obs, decision.fail(w, obs, str(err)), now)
             return
         except ApiError as err:
             if not (retry_conflict and _is_conflict(err)):
@@ -310,20 +311,20 @@ class Controller:
                 return queue_state(name, None)
             raise
 
-    def _apply(self, key: JobKey, w: Workload, obs: flow.Observed, plan: flow.Plan, now: dt.datetime) -> None:
+    def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
         for action in plan.actions:
-            if isinstance(action, flow.Create):
+            if isinstance(action, decision.Create):
                 if not self._create(action):
                     continue
                 if action.kind == "ProvisioningRequest":
                     metrics.REQUESTS_CREATED.inc()
-                    if plan.outcome == "retried":
+                    if plan.outcome is Outcome.RETRIED:
                         metrics.REQUESTS_RETRIED.inc()
-            elif isinstance(action, flow.Delete):
+            elif isinstance(action, decision.Delete):
                 self._delete(key[1], action)
-            elif isinstance(action, flow.PatchJob):
+            elif isinstance(action, decision.PatchJob):
                 if not action.changes:
                     continue
                 old_rv = _meta(job, "resourceVersion")
@@ -337,18 +338,18 @@ class Controller:
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
-            elif isinstance(action, flow.Emit):
+            elif isinstance(action, decision.Emit):
                 self.events.send(job, action)
 
-    def _count_step(self, step: str, w: Workload, now: dt.datetime) -> None:
-        if step in ("retry", "fail") and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
+    def _count_step(self, step: Step, w: Workload, now: dt.datetime) -> None:
+        if step in (Step.RETRY, Step.FAIL) and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
             metrics.REQUESTS_FAILED.inc()
-        if step == "admit":
-            created = flow.parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+        if step is Step.ADMIT:
+            created = decision.parse_time(get(w.obj, ("metadata", "creationTimestamp")))
             if created is not None:
                 metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
 
-    def _create(self, action: flow.Create) -> bool:
+    def _create(self, action: decision.Create) -> bool:
         """Create a child; AlreadyExists is success (a replay after a crash). True when newly created."""
         meta = action.obj["metadata"]
         ck: ChildKey = (action.kind, meta["namespace"], meta["name"])
@@ -368,7 +369,7 @@ class Controller:
             self._created[ck] = created
         return True
 
-    def _delete(self, namespace: str, action: flow.Delete) -> None:
+    def _delete(self, namespace: str, action: decision.Delete) -> None:
         res = self.child_resources.get(action.kind)
         if res is None:
             return
@@ -382,7 +383,7 @@ class Controller:
     def _delete_orphans(self, kids: dict[str, list[JSON]]) -> None:
         for kind, objs in kids.items():
             for obj in objs:
-                self._delete(_meta(obj, "namespace"), flow.Delete(kind, _meta(obj, "name")))
+                self._delete(_meta(obj, "namespace"), decision.Delete(kind, _meta(obj, "name")))
 
 
 class RefusedChild(Exception):

@@ -4,7 +4,8 @@
   `Fail`; an admin who sets `Ignore` in the ConfigMap expects it to take effect without editing
   cluster-scoped objects by hand).
 - The webhook certificate is renewed before it expires (`certs ensure` on a timer), unless
-  cert-manager owns it (`--no-manage-certs`).
+  cert-manager owns it (`--no-manage-certs`). The renewal loop is handed in by the `raygate`
+  command: the reconciler and the certs component do not import each other.
 
 Both are idempotent and safe from every replica, so they need no leadership.
 """
@@ -14,13 +15,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from raygate import keys
-from raygate.configsource import ConfigSource
-from raygate.kube import JSON_PATCH, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError, Kube
+from raygate.core import keys
+from raygate.kube.client import JSON_PATCH, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError, Kube
+from raygate.kube.configsource import ConfigSource
 
 log = logging.getLogger("raygate.housekeeping")
+
+RenewCertificates = Callable[[threading.Event], None]
+"""Renews the webhook certificate until the event is set."""
 
 
 def failure_policy_patch(config: dict[str, Any], wanted: str) -> list[dict[str, Any]]:
@@ -61,20 +66,18 @@ def sync_failure_policy(kube: Kube, wanted: str) -> list[str]:
 
 
 class Housekeeping:
-    def __init__(self, kube: Kube, config: ConfigSource, *, manage_certs: bool, kubeconfig: str | None,
-                 namespace: str, period: float = 30.0) -> None:
+    def __init__(self, kube: Kube, config: ConfigSource, *, renew_certificates: RenewCertificates | None,
+                 period: float = 30.0) -> None:
         self.kube = kube
         self.config = config
-        self.manage_certs = manage_certs
-        self.kubeconfig = kubeconfig
-        self.namespace = namespace
+        self.renew_certificates = renew_certificates
         self.period = period
         self.stop_event = threading.Event()
 
     def start(self) -> Housekeeping:
         threading.Thread(target=self._failure_policy_loop, name="failure-policy", daemon=True).start()
-        if self.manage_certs:
-            threading.Thread(target=self._certs_loop, name="certs", daemon=True).start()
+        if self.renew_certificates is not None:
+            threading.Thread(target=self.renew_certificates, args=(self.stop_event,), name="certs", daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -102,9 +105,3 @@ class Housekeeping:
                 log.info("webhook failurePolicy set from the config",
                          extra={"failure_policy": wanted, "configurations": changed})
             synced = current
-
-    def _certs_loop(self) -> None:
-        from certs.cli import load_api_client
-        from certs.ensure import Spec, rotate_forever
-
-        rotate_forever(load_api_client(self.kubeconfig), Spec(namespace=self.namespace), stop_event=self.stop_event)

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate.kube import JSON, LEASES, ApiError, Kube
+from raygate.core.workload import JSON
+from raygate.kube.client import LEASES, ApiError, Kube
 
 log = logging.getLogger("raygate.leader")
 

@@ -13,8 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from raygate import keys
-from raygate.kube import JSON, Kube
+from raygate.core import keys
+from raygate.core.workload import JSON
+from raygate.kube.client import Kube
 
 log = logging.getLogger("raygate.reconciler")
 

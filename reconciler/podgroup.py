@@ -1,4 +1,5 @@
-"""volcano mode: the PodGroup the webhook recorded, created by the reconciler and owned by the job.
+"""volcano mode: the PodGroup the webhook recorded (raygate.core.modes.volcano), created by the
+reconciler and owned by the job.
 
 Volcano rejects a PodGroup whose queue is missing or not Open, so the queue is checked first and a
 job whose queue is not Open stays held with a reason naming the queue.
@@ -9,30 +10,22 @@ never make two groups for one job. They cannot share one either: with the operat
 minResources once the job runs (v1.6 leaves init containers, pod overhead and its autoscaler
 sidecar out of minResources; v1.7 also resets the group when a job is suspended), so Volcano would
 no longer schedule the gang raygate admitted. raygate does not fight over the object: `drift` finds
-the rewrite, and the reconciler stops the job with the reason (flow.py).
+the rewrite, and the reconciler stops the job with the reason (decision.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.kube import JSON
-from raygate.workload import Workload, get
-from reconciler.children import BadInput, child_metadata
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.modes.volcano import PodGroupSpec
+from raygate.core.workload import JSON, Workload, get
+from raygate.reconciler.children import child_metadata
 
 OPEN = "Open"
-
-
-@dataclass(frozen=True)
-class PodGroupSpec:
-    name: str
-    queue: str
-    spec: JSON
 
 
 @dataclass(frozen=True)
@@ -54,25 +47,6 @@ def queue_state(name: str, queue: Mapping[str, Any] | None) -> QueueState:
     if queue is None:
         return QueueState(name, None)
     return QueueState(name, str(get(queue, ("status", "state")) or ""))
-
-
-def recorded(w: Workload) -> PodGroupSpec | None:
-    """The PodGroup spec the webhook recorded in volcano mode; None when there is none."""
-    text = w.annotations.get(keys.POD_GROUP_ANNOTATION)
-    if text is None:
-        return None
-    try:
-        spec = json.loads(text)
-    except (TypeError, ValueError) as err:
-        raise BadInput(f"annotation {keys.POD_GROUP_ANNOTATION} is not valid JSON ({err}): re-create the job") \
-            from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("minMember"), int):
-        raise BadInput(f"annotation {keys.POD_GROUP_ANNOTATION} is not a PodGroup spec with an integer "
-                       "minMember: re-create the job")
-    queue = spec.get("queue")
-    if not isinstance(queue, str) or not queue:
-        raise BadInput(f"annotation {keys.POD_GROUP_ANNOTATION} names no queue: re-create the job")
-    return PodGroupSpec(w.pod_group_name, queue, spec)
 
 
 def pod_group(w: Workload, spec: PodGroupSpec) -> JSON:

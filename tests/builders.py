@@ -1,5 +1,6 @@
-"""Small object builders for tests, in the style of Kueue's testingjobs wrappers (import them as
-`builders`: pytest puts tests/ on sys.path because conftest.py lives there):
+"""Small object builders for every test, webhook and reconciler, unit and integration, in the style
+of Kueue's testingjobs wrappers (import them as `builders`: pytest puts tests/ on sys.path because
+conftest.py lives there):
 
     RayJob("a", "team").worker("gpu", replicas=2, requests={"nvidia.com/gpu": "1"}).obj()
 
@@ -13,8 +14,8 @@ import copy
 import itertools
 from typing import Any, Self
 
-from raygate import keys
-from raygate.policy import RaygateConfig
+from raygate.core import keys
+from raygate.core.policy import RaygateConfig
 
 IMAGE = "rayproject/ray:2.52.0"
 Res = dict[str, str]
@@ -48,11 +49,29 @@ def pod_template(
     return {"spec": spec}
 
 
+def worker_group(
+    name: str, *, replicas: int | None = 1, min_replicas: int | None = None, max_replicas: int | None = None,
+    hosts: int | None = None, requests: Res | None = None, limits: Res | None = None,
+    template: dict[str, Any] | None = None, suspend: bool | None = None,
+) -> dict[str, Any]:
+    """One entry of workerGroupSpecs."""
+    group: dict[str, Any] = {
+        "groupName": name, "rayStartParams": {},
+        "template": template or pod_template(container("ray-worker", requests=requests, limits=limits)),
+    }
+    for field, value in (("replicas", replicas), ("minReplicas", min_replicas), ("maxReplicas", max_replicas),
+                         ("numOfHosts", hosts), ("suspend", suspend)):
+        if value is not None:
+            group[field] = value
+    return group
+
+
 class _RayObject:
     kind = ""
 
-    def __init__(self, name: str | None, namespace: str) -> None:
-        meta: dict[str, Any] = {"namespace": namespace}
+    def __init__(self, name: str | None, namespace: str | None) -> None:
+        """`namespace` None: none in the manifest (the API server takes the request's)."""
+        meta: dict[str, Any] = {} if namespace is None else {"namespace": namespace}
         if name is not None:
             meta["name"] = name
         self._obj: dict[str, Any] = {"apiVersion": "ray.io/v1", "kind": self.kind, "metadata": meta, "spec": {}}
@@ -84,6 +103,11 @@ class _RayObject:
         self._obj["metadata"]["generateName"] = prefix
         return self
 
+    def meta(self, **fields: Any) -> Self:
+        """Other metadata as the API server would have set it: meta(uid="u1", resourceVersion="41")."""
+        self._obj["metadata"].update(fields)
+        return self
+
     def owned_by_rayjob(self, job: str = "parent") -> Self:
         self._obj["metadata"]["ownerReferences"] = [{
             "apiVersion": "ray.io/v1", "kind": keys.RAYJOB_KIND, "name": job, "uid": "u-" + job,
@@ -113,15 +137,14 @@ class _RayObject:
         max_replicas: int | None = None, hosts: int | None = None, requests: Res | None = None,
         limits: Res | None = None, template: dict[str, Any] | None = None, suspend: bool | None = None,
     ) -> Self:
-        group: dict[str, Any] = {
-            "groupName": name, "rayStartParams": {},
-            "template": template or pod_template(container("ray-worker", requests=requests, limits=limits)),
-        }
-        for field, value in (("replicas", replicas), ("minReplicas", min_replicas), ("maxReplicas", max_replicas),
-                             ("numOfHosts", hosts), ("suspend", suspend)):
-            if value is not None:
-                group[field] = value
-        self.cluster_spec.setdefault("workerGroupSpecs", []).append(group)
+        return self.groups(worker_group(
+            name, replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas, hosts=hosts,
+            requests=requests, limits=limits, template=template, suspend=suspend,
+        ))
+
+    def groups(self, *groups: dict[str, Any]) -> Self:
+        """Worker groups built with worker_group() (or taken from another manifest)."""
+        self.cluster_spec.setdefault("workerGroupSpecs", []).extend(copy.deepcopy(list(groups)))
         return self
 
     def autoscaling(self, resources: dict[str, Res] | None = None) -> Self:
@@ -145,7 +168,7 @@ class _RayObject:
 class RayJob(_RayObject):
     kind = keys.RAYJOB_KIND
 
-    def __init__(self, name: str | None = "job", namespace: str = "team") -> None:
+    def __init__(self, name: str | None = "job", namespace: str | None = "team") -> None:
         super().__init__(name, namespace)
         self._obj["spec"] = {"entrypoint": "python -c 'print(1)'", "shutdownAfterJobFinishes": True,
                              "rayClusterSpec": {}}
@@ -182,7 +205,7 @@ class RayJob(_RayObject):
 class RayCluster(_RayObject):
     kind = keys.RAYCLUSTER_KIND
 
-    def __init__(self, name: str | None = "cluster", namespace: str = "team") -> None:
+    def __init__(self, name: str | None = "cluster", namespace: str | None = "team") -> None:
         super().__init__(name, namespace)
         self._start_cluster()
 

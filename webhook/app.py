@@ -17,12 +17,12 @@ from typing import Any
 from flask import Flask, Response, request
 from werkzeug.exceptions import InternalServerError, RequestEntityTooLarge
 
-from webhook import metrics
-from webhook.decision import Decide, mutate, validate
-from webhook.handler import answer
-from webhook.limits import BodyLimits
-from webhook.review import kind_of, username
-from webhook.state import WebhookState
+from raygate.webhook import metrics
+from raygate.webhook.decision import Decide, mutate, validate
+from raygate.webhook.handler import answer
+from raygate.webhook.limits import BodyLimits
+from raygate.webhook.review import kind_of, username
+from raygate.webhook.state import WebhookState
 
 log = logging.getLogger("raygate.webhook")
 JSON_TYPE = "application/json"

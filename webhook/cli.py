@@ -6,9 +6,9 @@ import argparse
 import os
 from pathlib import Path
 
-from raygate import keys
-from raygate.errors import RaygateError
-from webhook.limits import DEFAULT_MAX_BODY
+from raygate.core import keys
+from raygate.core.errors import RaygateError
+from raygate.webhook.limits import DEFAULT_MAX_BODY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
             raise RaygateError(
                 f"{flag} {path} does not exist: run `raygate certs ensure --out-dir DIR` or mount the Secret"
             )
-    from raygate.kube import Kube
-    from webhook.server import ServerOptions, serve
+    from raygate.kube.client import Kube
+    from raygate.webhook.server import ServerOptions, serve
 
     Kube.connect(args.kubeconfig)  # fail here with one clear line rather than in every worker
     serve(

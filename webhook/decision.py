@@ -9,18 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from types import ModuleType
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.policy import Mode, NamespacePolicy, RaygateConfig
-from raygate.workload import Gang, ManifestError, Workload, get
-from webhook import guard
-from webhook.modes import kueue, provisioning, volcano
-from webhook.patch import PatchBuilder, PatchOp
-from webhook.review import AdmissionRequest, username
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.modes import rules_for
+from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import Mode, NamespacePolicy, RaygateConfig
+from raygate.core.workload import Gang, ManifestError, Workload, get
+from raygate.webhook import guard
+from raygate.webhook.review import AdmissionRequest, username
 
-MODES: dict[Mode, ModuleType] = {Mode.PROVISIONING: provisioning, Mode.VOLCANO: volcano, Mode.KUEUE: kueue}
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
 
 
@@ -188,7 +186,7 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Dec
     if skip:
         return allow(skip)
     policy = config.policy_for(namespace)
-    mode_rules = MODES[policy.mode]
+    mode_rules = rules_for(policy.mode)
     b = PatchBuilder(w.obj)
     warnings: list[str] = []
     try:
@@ -247,7 +245,7 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
             return decision
         if decision.mode is Mode.KUEUE and not w.suspended:
             return refuse(_not_suspended_for_kueue(w, namespace), mode=Mode.KUEUE)
-        if decision.mode is not None and decision.mode is not Mode.KUEUE and decision.patch:
+        if decision.mode is not None and rules_for(decision.mode).HOLDS and decision.patch:
             return refuse(_not_held(w, namespace, decision.patch), mode=decision.mode)
         return allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):

@@ -13,10 +13,10 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.policy import Mode
-from raygate.workload import ManifestError, Workload, get
+from raygate.core import keys
+from raygate.core import quantity as q
+from raygate.core.policy import Mode
+from raygate.core.workload import ManifestError, Workload, get
 
 # The queue labels raygate decides on; a user may not pick their own queue past it.
 QUEUE_LABELS = frozenset({keys.KUEUE_QUEUE_LABEL, keys.KUEUE_PRIORITY_LABEL, keys.VOLCANO_QUEUE_LABEL,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from raygate.policy import RaygateConfig
-from webhook.decision import Decide, Decision
-from webhook.review import AdmissionRequest, BadReview, parse_review, response
+from raygate.core.policy import RaygateConfig
+from raygate.webhook.decision import Decide, Decision
+from raygate.webhook.review import AdmissionRequest, BadReview, parse_review, response
 
 log = logging.getLogger("raygate.webhook")
 

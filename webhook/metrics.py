@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
-from raygate import keys
+from raygate.core import keys
 
 REVIEWS = Counter(
     "raygate_webhook_reviews_total",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from raygate import keys
+from raygate.core import keys
 
 TIMEOUT_SECONDS = 5
 # The guard always lets raygate's reconciler through, so the API server need not ask: skipping the

@@ -14,9 +14,9 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-from certs.reload import gunicorn_ssl_context
-from raygate import logs
-from webhook.limits import DEFAULT_MAX_BODY, BodyLimits
+from raygate.core import logs
+from raygate.webhook.limits import DEFAULT_MAX_BODY, BodyLimits
+from raygate.webhook.tls import gunicorn_ssl_context
 
 log = logging.getLogger("raygate.webhook")
 
@@ -52,7 +52,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         settings: dict[str, Any] = {
             "bind": [f"{o.bind}:{o.port}"],
             "workers": o.workers,
-            "worker_class": "webhook.worker.KeepAliveThreadWorker",  # gthread, one tweak: see there
+            "worker_class": "raygate.webhook.worker.KeepAliveThreadWorker",  # gthread, one tweak: see there
             "threads": o.threads,
             "keepalive": 65,  # longer than the API server's idle connection reuse
             "timeout": 30,
@@ -73,9 +73,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 
     def load(self) -> Any:
         # Runs in each worker after fork: watches and threads must start here, not in the master.
-        from raygate.kube import Kube
-        from webhook.app import create_app
-        from webhook.state import WebhookState
+        from raygate.kube.client import Kube
+        from raygate.webhook.app import create_app
+        from raygate.webhook.state import WebhookState
 
         logs.setup(self.options.log_level)
         kube = Kube.connect(self.options.kubeconfig, user_agent="raygate-webhook")

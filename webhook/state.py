@@ -7,11 +7,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from raygate.configsource import ConfigSource
-from raygate.informer import Informer
-from raygate.kube import NAMESPACES, Kube
-from raygate.policy import RaygateConfig
-from webhook import metrics
+from raygate.core.policy import RaygateConfig
+from raygate.kube.client import NAMESPACES, Kube
+from raygate.kube.configsource import ConfigSource
+from raygate.kube.informer import Informer
+from raygate.webhook import metrics
 
 log = logging.getLogger("raygate.webhook")
 

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from raygate.core.errors import RaygateError
 from raygate.devenv import versions as v
-from raygate.errors import RaygateError
 
 KUEUE_METRICS_CERT_DIR_ENV = "RAYGATE_KUEUE_METRICS_CERT_DIR"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue",

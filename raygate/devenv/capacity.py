@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from raygate.core.errors import RaygateError
 from raygate.devenv import versions as v
-from raygate.errors import RaygateError
 
 if TYPE_CHECKING:
     from raygate.devenv.controlplane import ControlPlane, State

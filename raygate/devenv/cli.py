@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
 
 
 def default_dir() -> Path:

@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from certs import pki
+from raygate.core import pki
+from raygate.core.errors import RaygateError
+from raygate.core.policy import KUBERAY_OPERATOR_USER
 from raygate.devenv.build import Bundle
-from raygate.errors import RaygateError
-from raygate.policy import KUBERAY_OPERATOR_USER
 
 SERVICE_CIDR = "10.96.0.0/16"
 STATE_FILE = "state.json"

@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
+from raygate.core.errors import RaygateError
 from raygate.devenv import versions as v
 from raygate.devenv.build import KUEUE_METRICS_CERT_DIR_ENV, download_module
 from raygate.devenv.controlplane import ControlPlane, free_port
 from raygate.devenv.raygate_local import write_tls
-from raygate.errors import RaygateError
 
 NAMESPACE = "kueue-system"
 MUTATING = "kueue-mutating-webhook-configuration"

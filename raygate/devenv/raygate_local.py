@@ -13,11 +13,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from certs import pki
-from raygate import keys
+from raygate.core import keys, pki
+from raygate.core.errors import RaygateError
 from raygate.devenv.controlplane import ControlPlane, alive, free_port
-from raygate.errors import RaygateError
-from webhook.registration import configurations
+from raygate.webhook.registration import configurations
 
 DEMO_NAMESPACE = "demo"
 

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raygate.core.errors import RaygateError
 from raygate.devenv import versions as v
-from raygate.errors import RaygateError
 
 if TYPE_CHECKING:
     from raygate.devenv.controlplane import ControlPlane, State

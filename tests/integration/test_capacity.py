@@ -25,13 +25,14 @@ import yaml
 from procs import processes_mentioning
 from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.conditions import raw_conditions as conditions
+from raygate.core.workload import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.capacity import GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, node, start_capacity
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
-from raygate.kube import JSON, NODES, PODS, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
-from reconciler.flow import raw_conditions as conditions
+from raygate.kube.client import NODES, PODS, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.policy import ConfigError, RaygateConfig, parse_config
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
-from raygate.policy import ConfigError, RaygateConfig, parse_config
 
 pytestmark = pytest.mark.integration
 

@@ -24,14 +24,15 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.workload import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube import (
+from raygate.kube.client import (
     EVENTS,
-    JSON,
     LEASES,
     MERGE_PATCH,
     PODGROUPS,
@@ -42,7 +43,7 @@ from raygate.kube import (
     ApiError,
     Kube,
 )
-from raygate.kube import provisioning_requests as _provisioning_requests
+from raygate.kube.client import provisioning_requests as _provisioning_requests
 
 pytestmark = pytest.mark.integration
 
@@ -166,26 +167,18 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
 # --- objects ------------------------------------------------------------------------------------
 
 def group(name: str, replicas: int, resources: JSON, **extra: Any) -> JSON:
-    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "rayStartParams": {},
-            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
-                                                  "resources": resources}]}}, **extra}
-
-
-def cluster_spec(*groups: JSON) -> JSON:
-    return {"headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
-        {"name": "ray-head", "image": "rayproject/ray:2.9.0", "resources": CPU}]}}},
-        "workerGroupSpecs": list(groups) or [group("gpu", 2, GPU)]}
+    return {**worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10,
+                           requests=resources.get("requests"), limits=resources.get("limits")), **extra}
 
 
 def raycluster(name: str, *groups: JSON, **meta: Any) -> JSON:
-    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, **meta},
-            "spec": cluster_spec(*groups)}
+    return (RayCluster(name, None).meta(**meta).head(requests=CPU["requests"], limits=CPU["limits"])
+            .groups(*(groups or [group("gpu", 2, GPU)])).obj())
 
 
 def rayjob(name: str, *groups: JSON) -> JSON:
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-            "spec": {"entrypoint": "python -c 'print(1)'", "shutdownAfterJobFinishes": True,
-                     "rayClusterSpec": cluster_spec(*groups)}}
+    return (RayJob(name, None).head(requests=CPU["requests"], limits=CPU["limits"])
+            .groups(*(groups or [group("gpu", 2, GPU)])).obj())
 
 
 def labels(obj: JSON) -> dict[str, str]:
@@ -544,8 +537,11 @@ def test_mode_changes_leave_no_held_job_stranded(env: Env) -> None:
     wait(lambda: "is Closed" in annotations(env.get(NS["vswitch"], "RayCluster", "before-provisioning")).get(
         keys.REASON_ANNOTATION, ""), 30, "the volcano job to wait for its queue")
 
+    reconciler_log = env.cluster.logs / "gate-reconciler.log"
+    loads = reconciler_log.read_text().count('"config loaded"')
     env.apply_config(config(switched=True))  # provisioning -> kueue, volcano -> provisioning
-    time.sleep(1)  # the reconciler's watch delivers the new config
+    wait(lambda: reconciler_log.read_text().count('"config loaded"') > loads, 30,
+         "the reconciler to load the new config")
 
     # Held in provisioning mode, finished in provisioning mode: Provisioned admits it, Kueue never has to.
     set_conditions(env, NS["switch"], pr["metadata"]["name"], PROVISIONED)

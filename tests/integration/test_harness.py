@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from procs import processes_mentioning
+from waiting import consistently, wait
 
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
@@ -72,13 +73,6 @@ def missing_or_changed(sent: Any, stored: Any, path: str = "") -> list[str]:
 _MISSING = object()
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(interval)
-    pytest.fail(f"{what} did not happen within {timeout:.0f}s")
 
 
 # --- the real CRD schemas -------------------------------------------------------------------------
@@ -209,8 +203,8 @@ def test_deleting_the_owner_collects_the_dependent(
     res = {"PodTemplate": "podtemplates", "ProvisioningRequest": "provisioningrequests.autoscaling.x-k8s.io"}[
         dep["kind"]]
     # Alive while its owner exists (a GC that deleted everything would pass the second half alone).
-    time.sleep(2)
-    assert cluster.kubectl("get", res, dep["metadata"]["name"], "-n", ns, "-o", "name").strip()
+    consistently(lambda: cluster.kubectl("get", res, dep["metadata"]["name"], "-n", ns, "--ignore-not-found",
+                                         "-o", "name").strip(), 2, f"the {dep['kind']} to live while its owner does")
     cluster.kubectl("delete", made["kind"].lower() + ("" if made["kind"] == "ConfigMap" else ".ray.io"),
                     made["metadata"]["name"], "-n", ns, "--wait=false")
 
@@ -219,7 +213,7 @@ def test_deleting_the_owner_collects_the_dependent(
                                    "-o", "name").strip()
 
     # The garbage collector picks up CRD kinds through a periodic discovery resync (30 s).
-    wait_until(gone, 90, f"garbage collection of {dep['kind']} owned by {made['kind']}")
+    wait(gone, 90, f"garbage collection of {dep['kind']} owned by {made['kind']}", interval=0.5)
 
 
 # --- the KubeRay operator -----------------------------------------------------------------------
@@ -242,8 +236,9 @@ def test_raycluster_gets_head_and_worker_pods_that_stay_pending(
     def all_pods() -> bool:
         return len(_pods(cluster, ns, selector)) == 3
 
-    wait_until(all_pods, 60, "KubeRay creating 1 head and 2 worker pods")
-    time.sleep(2)  # no node ever runs them
+    wait(all_pods, 60, "KubeRay creating 1 head and 2 worker pods", interval=0.5)
+    consistently(lambda: all(not p["spec"].get("nodeName") for p in _pods(cluster, ns, selector)), 2,
+                 "the pods to stay unbound (no node ever runs them)")
     pods = _pods(cluster, ns, selector)
     types = sorted(p["metadata"]["labels"].get("ray.io/node-type") for p in pods)
     assert types == ["head", "worker", "worker"]
@@ -272,11 +267,8 @@ def test_suspended_rayjob_gets_no_raycluster(cluster: ControlPlane, make_namespa
 
     # The same operator, at the same time, does create a cluster for the unsuspended job: the held
     # job's silence is the suspend flag, not a stopped operator.
-    wait_until(lambda: len(clusters_of("control")) == 1, 60, "KubeRay creating the control job's RayCluster")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        assert clusters_of("held") == []
-        time.sleep(1)
+    wait(lambda: len(clusters_of("control")) == 1, 60, "KubeRay creating the control job's RayCluster", interval=0.5)
+    consistently(lambda: clusters_of("held") == [], 10, "no RayCluster for the held job", interval=1)
     assert len(cluster.kubectl("get", "rayclusters.ray.io", "-n", ns, "-o", "name").split()) == 1
     status = get_json(cluster, "rayjob.ray.io", "held", "-n", ns).get("status", {})
     assert status.get("jobDeploymentStatus") in (None, "", "New", "Suspended"), status

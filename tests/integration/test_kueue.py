@@ -16,7 +16,7 @@ import pytest
 from builders import gpu_job
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.kueue_local import MUTATING, start_kueue, stop_kueue
 from raygate.devenv.raygate_local import LocalWebhook, start_webhook, stop_webhook

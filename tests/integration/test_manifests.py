@@ -1,4 +1,4 @@
-"""The install manifests (config/): rendered by kustomize, checked against raygate/keys.py and the CLI,
+"""The install manifests (config/): rendered by kustomize, checked against raygate/core/keys.py and the CLI,
 dry-run applied to a real kube-apiserver, and the RBAC proven with `kubectl auth can-i`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 

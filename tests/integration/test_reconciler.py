@@ -23,14 +23,15 @@ from typing import Any
 
 import pytest
 import yaml
-from waiting import wait
+from builders import RayJob, worker_group
+from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.workload import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
-from raygate.kube import (
+from raygate.kube.client import (
     EVENTS,
-    JSON,
     LEASES,
     MERGE_PATCH,
     PODGROUPS,
@@ -161,10 +162,8 @@ def set_queue_state(kube: Kube, state: str) -> None:
 # --- objects ------------------------------------------------------------------------------------
 
 def worker(name: str, replicas: int, resources: dict[str, Any]) -> dict[str, Any]:
-    return {"groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10,
-            "rayStartParams": {},
-            "template": {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.9.0",
-                                                  "resources": resources}]}}}
+    return worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10,
+                        requests=resources.get("requests"), limits=resources.get("limits"))
 
 
 GPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
@@ -172,19 +171,9 @@ CPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
 
 
 def rayjob(name: str, *, gpus: int = 2, groups: list[dict[str, Any]] | None = None) -> JSON:
-    return {
-        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": name},
-        "spec": {
-            "entrypoint": "python -c 'print(1)'",
-            "shutdownAfterJobFinishes": True,
-            "rayClusterSpec": {
-                "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [
-                    {"name": "ray-head", "image": "rayproject/ray:2.9.0", "resources": CPU}]}}},
-                "workerGroupSpecs": groups if groups is not None else (
-                    [worker("gpu", gpus, GPU)] if gpus else [worker("cpu", 1, CPU)]),
-            },
-        },
-    }
+    if groups is None:
+        groups = [worker("gpu", gpus, GPU)] if gpus else [worker("cpu", 1, CPU)]
+    return RayJob(name, None).head(requests=CPU["requests"], limits=CPU["limits"]).groups(*groups).obj()
 
 
 def create(env: Env, ns: str, obj: JSON) -> JSON:
@@ -269,9 +258,8 @@ def test_happy_path_accepted_holds_provisioned_admits(env: Env) -> None:
     assert pr["spec"]["provisioningClassName"] == keys.CHECK_CAPACITY_CLASS
 
     set_conditions(env, ns, pr["metadata"]["name"], ("Accepted", "True", "Accepted"))
-    time.sleep(1.5)
-    held = job(env, ns, "happy")
-    assert held["spec"]["suspend"] is True and state(held) == "Provisioning", "Accepted alone must keep it held"
+    consistently(lambda: (lambda o: o["spec"]["suspend"] is True and state(o) == "Provisioning")(job(env, ns, "happy")),
+                 1.5, "Accepted alone to keep it held")
 
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
     t0 = time.monotonic()
@@ -287,7 +275,8 @@ def test_happy_path_accepted_holds_provisioned_admits(env: Env) -> None:
     events = wait(lambda: (lambda e: e if "Admitted" in e else None)(
         events_of(env, ns, "happy")), 10, "events")
     assert pr["metadata"]["name"] in events["Admitted"]
-    time.sleep(1)  # nothing more should follow admission
+    consistently(lambda: env.reconcilers.writes(env.leader()) - before <= 6, 1,
+                 "no more than 6 API writes for one admitted job, nothing more after admission")
     writes = env.reconcilers.writes(env.leader()) - before
     print(f"API writes for one admitted job (one GPU pod set): {writes}")
     assert writes <= 6
@@ -419,10 +408,10 @@ def test_volcano_pod_group_held_while_queue_closed_then_pods_carry_metadata(env:
         ann(job(env, ns, "gang"), keys.REASON_ANNOTATION)), 15, "the job to say its queue is closed")
     assert "Closed" in reason
     assert QUEUE in event(env, ns, "gang", "QueueNotOpen")
-    time.sleep(1.5)
+    consistently(lambda: (lambda o: state(o) == "Pending" and o["spec"]["suspend"] is True)(job(env, ns, "gang"))
+                 and not env.kube.list(PODGROUPS, ns).get("items"), 1.5,
+                 "the job held, and no PodGroup, while its queue is closed")
     held = job(env, ns, "gang")
-    assert state(held) == "Pending" and held["spec"]["suspend"] is True
-    assert not env.kube.list(PODGROUPS, ns).get("items")
 
     set_queue_state(env.kube, "Open")
     try:
@@ -480,8 +469,8 @@ def test_leader_failover_standby_finishes_the_flow(env: Env) -> None:
     leader = env.leader()
     standby = "r2" if leader != "r2" else "r1"
     env.reconcilers.start(standby)
-    time.sleep(2)  # the standby's caches sync; it must not act while the leader lives
-    assert env.leader() == leader
+    # The standby's caches sync; it must not take the lease while the leader lives.
+    consistently(lambda: env.leader() == leader, 2, f"{leader} to stay the leader while {standby} starts")
     create(env, ns, rayjob("failover"))
     pr = wait_request(env, ns, "failover", 1)
     assert env.reconcilers.writes(standby) == 0, "a standby must not write"
@@ -522,7 +511,7 @@ def test_crash_safety_50_jobs_killed_at_random_points(env: Env) -> None:
             return len(items) == 50 and all(state(o) == "Admitted" for o in items)
 
         wait(admitted, 240, "all 50 jobs to be admitted", interval=1)
-        time.sleep(2)  # let any late (wrong) writes land before counting
+        consistently(admitted, 2, "all 50 jobs to stay admitted while late (wrong) writes could land")
         jobs = {o["metadata"]["uid"]: o for o in env.kube.list(RAYJOBS, ns).get("items") or []}
         requests = requests_of(env, ns)
         templates = templates_of(env, ns)

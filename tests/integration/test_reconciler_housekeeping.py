@@ -12,10 +12,10 @@ import pytest
 from cryptography import x509
 from waiting import wait
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
-from webhook.registration import configurations
+from raygate.webhook.registration import configurations
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from certs import pki
-from raygate import keys
+from raygate.core import keys, pki
 from raygate.devenv.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration

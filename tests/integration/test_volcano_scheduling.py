@@ -28,14 +28,15 @@ import yaml
 from procs import processes_mentioning
 from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
+from raygate.core.conditions import raw_conditions as conditions
+from raygate.core.workload import JSON, Workload, get
 from raygate.devenv.build import Bundle
 from raygate.devenv.capacity import CPU_GROUP, GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, start_capacity
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
 from raygate.devenv.volcano import queue_state, start_volcano
-from raygate.kube import (
-    JSON,
+from raygate.kube.client import (
     JSON_PATCH,
     NODES,
     PODGROUPS,
@@ -47,8 +48,6 @@ from raygate.kube import (
     Kube,
     provisioning_requests,
 )
-from raygate.workload import Workload, get
-from reconciler.flow import raw_conditions as conditions
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 

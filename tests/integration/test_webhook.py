@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 from builders import RayJob
-from waiting import wait
+from waiting import consistently, wait
 
-from raygate import keys
+from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_webhook, stop_webhook
 
@@ -274,8 +274,6 @@ def test_held_rayjob_gets_no_raycluster_and_no_pods_from_kuberay(
     # KubeRay saw the held job and accepted it as suspended (not ValidationFailed) ...
     assert wait(deployment_status, 30, "KubeRay marking the held job") == "Suspended"
     # ... and creates nothing for it, however long we look.
-    for _ in range(10):
-        assert items("rayclusters", opted_in) == []
-        assert items("pods", opted_in) == []
-        time.sleep(0.5)
-    assert deployment_status() == "Suspended"
+    consistently(lambda: items("rayclusters", opted_in) == [] and items("pods", opted_in) == []
+                 and deployment_status() == "Suspended", 5, "no RayCluster and no pod for the held job",
+                 explain=lambda: f"rayclusters {items('rayclusters', opted_in)}, status {deployment_status()}")

@@ -13,9 +13,9 @@ import pytest
 from builders import RayJob, review
 from flask.testing import FlaskClient
 
-from raygate.configsource import ConfigSource
-from webhook.app import create_app
-from webhook.state import WebhookState
+from raygate.kube.configsource import ConfigSource
+from raygate.webhook.app import create_app
+from raygate.webhook.state import WebhookState
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_readyz_names_the_config_version_in_force(client: FlaskClient, state: We
 
 
 def test_metric_labels_come_from_a_fixed_set_whatever_a_client_sends(client: FlaskClient) -> None:
-    from webhook import metrics
+    from raygate.webhook import metrics
 
     for i in range(20):
         made_up = {"apiVersion": "ray.io/v1", "kind": f"Kind{i}", "metadata": {"name": "x", "namespace": "team"}}

@@ -13,10 +13,10 @@ import pytest
 from builders import RayJob, review
 from flask import Flask
 
-from raygate.configsource import ConfigSource
-from webhook.app import create_app
-from webhook.limits import BodyLimits
-from webhook.state import WebhookState
+from raygate.kube.configsource import ConfigSource
+from raygate.webhook.app import create_app
+from raygate.webhook.limits import BodyLimits
+from raygate.webhook.state import WebhookState
 
 
 @pytest.fixture

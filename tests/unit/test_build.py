@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from raygate.core.errors import RaygateError
 from raygate.devenv import build
-from raygate.errors import RaygateError
 
 
 def test_every_binary_the_bundle_needs_has_a_build() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from certs.cli import parse_duration
+from raygate.certs.cli import parse_duration
 from raygate.cli import main
 
 
@@ -95,8 +95,8 @@ def test_unreachable_api_server_is_one_line(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_show_from_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from certs.rotation import Action, Decision, Policy, issue, service_sans
-    from certs.store import write_files
+    from raygate.certs.rotation import Action, Decision, Policy, issue, service_sans
+    from raygate.certs.store import write_files
 
     now = dt.datetime.now(dt.UTC)
     sans = service_sans("raygate-webhook", "raygate-system", ["127.0.0.1"])

@@ -8,16 +8,16 @@ import os
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from cryptography import x509
+from waiting import wait
 
-from certs import pki
-from certs.reload import ReloadingContext, gunicorn_ssl_context
-from raygate.errors import RaygateError
+from raygate.core import pki
+from raygate.core.errors import RaygateError
+from raygate.webhook.tls import ReloadingContext, gunicorn_ssl_context
 
 YEAR = dt.timedelta(days=365)
 
@@ -164,7 +164,7 @@ def test_bad_files_keep_the_old_certificate_and_log_once(
     else:
         put(cert, b"")
 
-    with caplog.at_level(logging.ERROR, logger="certs.reload"):
+    with caplog.at_level(logging.ERROR, logger="raygate.webhook.tls"):
         assert reloading.reload_if_changed() is False
         assert reloading.reload_if_changed() is False
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
@@ -201,9 +201,7 @@ def test_kubernetes_style_symlink_swap_is_picked_up_by_the_poller(
         assert server.peer_serial(ca) == serial(first)
         (tmp_path / "..data_tmp").symlink_to("..v2")
         os.replace(tmp_path / "..data_tmp", tmp_path / "..data")
-        deadline = time.monotonic() + 10
-        while reloading.loaded.serial != serial(second) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait(lambda: reloading.loaded.serial == serial(second), 10, "the swapped Secret to be loaded", interval=0.05)
         assert server.peer_serial(ca) == serial(second)
 
 

@@ -11,19 +11,18 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from certs import pki
-from certs.rotation import (
+from raygate.certs.rotation import (
     Action,
     Decision,
     Policy,
     Stored,
-    cert_sans,
     decide,
-    describe,
     issue,
     service_sans,
 )
-from raygate.errors import RaygateError
+from raygate.core import pki
+from raygate.core.errors import RaygateError
+from raygate.core.pki import cert_sans, describe
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

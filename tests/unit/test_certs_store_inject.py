@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from certs.inject import ca_bundle_patch, stale_webhooks
-from certs.rotation import Stored
-from certs.store import read_files, write_files
-from raygate.errors import RaygateError
+from raygate.certs.inject import ca_bundle_patch, stale_webhooks
+from raygate.certs.rotation import Stored
+from raygate.certs.store import read_files, write_files
+from raygate.core.errors import RaygateError
 
 MATERIAL = Stored(ca_cert=b"CA PEM", ca_key=b"CA KEY", tls_cert=b"CERT PEM", tls_key=b"KEY PEM")
 

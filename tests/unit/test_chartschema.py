@@ -4,7 +4,7 @@ shows Helm refusing, with it, what parse_config refuses)."""
 from __future__ import annotations
 
 from raygate import chartschema
-from raygate.policy import RaygateConfig
+from raygate.core.policy import RaygateConfig
 
 
 def test_committed_schema_is_generated_from_the_models() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from raygate import keys
-from raygate.configsource import ConfigSource
-from raygate.policy import ConfigError, Mode, RaygateConfig, parse_config
+from raygate.core import keys
+from raygate.core.policy import ConfigError, Mode, RaygateConfig, parse_config
+from raygate.kube.configsource import ConfigSource
 
 
 def problems(text: str) -> list[str]:

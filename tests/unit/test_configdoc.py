@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raygate import configdoc
-from raygate.policy import NamespacePolicy, RaygateConfig
+from raygate.core.policy import NamespacePolicy, RaygateConfig
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

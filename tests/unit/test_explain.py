@@ -12,9 +12,9 @@ import pytest
 import yaml
 from builders import RayCluster, RayJob
 
-from raygate import keys
 from raygate.cli import main
-from raygate.policy import KUBERAY_OPERATOR_USER
+from raygate.core import keys
+from raygate.core.policy import KUBERAY_OPERATOR_USER
 
 
 def anchor_job() -> RayJob:

@@ -17,10 +17,10 @@ from builders import RayCluster, RayJob, container, pod_template, review
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raygate import keys
-from raygate.policy import Mode, RaygateConfig
-from webhook.decision import Decide, mutate, validate
-from webhook.handler import Answer, answer
+from raygate.core import keys
+from raygate.core.policy import Mode, RaygateConfig
+from raygate.webhook.decision import Decide, mutate, validate
+from raygate.webhook.handler import Answer, answer
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TRUSTED = f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes import client
 
-from raygate import kube
-from raygate.kube import ApiError, Kube
+from raygate.kube import client as kube
+from raygate.kube.client import ApiError, Kube
 
 
 class Scripted(BaseHTTPRequestHandler):

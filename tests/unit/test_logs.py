@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from raygate import logs
+from raygate.core import logs
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_an_exception_is_carried_in_the_same_line(captured: io.StringIO) -> None
 def test_values_json_cannot_hold_are_written_as_text(captured: io.StringIO) -> None:
     logging.getLogger("raygate").warning("odd", extra={"path": logs})
     [line] = lines(captured)
-    assert "raygate.logs" in str(line["path"])
+    assert "raygate.core.logs" in str(line["path"])
 
 
 class _Unprintable:

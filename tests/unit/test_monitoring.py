@@ -12,9 +12,9 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-import reconciler.metrics as reconciler_metrics
-import webhook.metrics as webhook_metrics
-from raygate.kube import Kube
+import raygate.reconciler.metrics as reconciler_metrics
+import raygate.webhook.metrics as webhook_metrics
+from raygate.kube.client import Kube
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "config" / "monitoring"
@@ -116,7 +116,7 @@ def test_alerts_cover_what_an_on_call_engineer_needs() -> None:
 
 
 def test_state_values_in_expressions_are_raygate_states() -> None:
-    from raygate import keys
+    from raygate.core import keys
 
     states = {s.value for s in keys.State}
     for where, expr in EXPRS:

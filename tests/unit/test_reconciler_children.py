@@ -6,36 +6,33 @@ import json
 from typing import Any
 
 import pytest
+from builders import RayJob, container, pod_template, worker_group
 
-from raygate import keys
-from raygate.kube import JSON
-from raygate.policy import NamespacePolicy, merge_override
-from raygate.workload import PodSet, Workload
-from reconciler import children, podgroup
-from reconciler.children import BadInput
+from raygate.core import keys
+from raygate.core.modes import volcano
+from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.workload import JSON, ManifestError, PodSet, Workload
+from raygate.reconciler import children, decision, podgroup
+from raygate.reconciler.children import BadInput
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
 
 
 def group(name: str, replicas: int = 1, hosts: int = 1, resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "groupName": name, "replicas": replicas, "minReplicas": 0, "maxReplicas": 10, "numOfHosts": hosts,
-        "template": {"metadata": {"annotations": {"keep": "me"}},
-                     "spec": {"containers": [{"name": "w", "image": "ray", "resources": resources or GPU}]}},
-    }
+    """A worker group whose pod template carries an annotation of its own (a copy must keep it)."""
+    res = resources or GPU
+    template = pod_template(container("w", requests=res.get("requests"), limits=res.get("limits")))
+    template["metadata"] = {"annotations": {"keep": "me"}}
+    return worker_group(name, replicas=replicas, min_replicas=0, max_replicas=10, hosts=hosts, template=template)
 
 
 def rayjob(name: str = "train", *groups: dict[str, Any], annotations: dict[str, str] | None = None,
            uid: str = "uid-1") -> Workload:
-    return Workload({
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": "7",
-                     "labels": {keys.STATE_LABEL: "Pending"}, "annotations": annotations or {}},
-        "spec": {"suspend": True, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray"}]}}},
-            "workerGroupSpecs": list(groups) or [group("gpu")],
-        }},
-    })
+    b = (RayJob(name, "ns").meta(uid=uid, resourceVersion="7").label(keys.STATE_LABEL, "Pending").suspend(True)
+         .groups(*(groups or [group("gpu")])))
+    for key, value in (annotations or {}).items():
+        b.annotation(key, value)
+    return Workload(b.obj())
 
 
 def policy(**override: Any) -> NamespacePolicy:
@@ -181,25 +178,28 @@ def test_bad_parameter_overrides_are_refused_with_a_reason(annotations: dict[str
 
 def test_more_than_32_pod_sets_is_refused() -> None:
     w = rayjob("train", *[group(f"g{i}") for i in range(33)])
-    with pytest.raises(BadInput, match="at most 32"):
-        request_for(w, gpu_sets(w), policy(), 1, "v1")
+    with pytest.raises(BadInput, match="books at most 32"):
+        decision.needs_of(w, policy())
 
 
 @pytest.mark.parametrize(("text", "message"), [
+    (None, "needs the PodGroup spec"),
     ("{not json", "not valid JSON"),
     ('["a"]', "minMember"),
     ('{"minMember": 3}', "names no queue"),
 ])
-def test_corrupted_pod_group_annotation_is_bad_input(text: str, message: str) -> None:
-    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text})
-    with pytest.raises(BadInput, match=message):
-        podgroup.recorded(w)
+def test_missing_or_corrupted_pod_group_annotation_is_bad_input(text: str | None, message: str) -> None:
+    w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text} if text is not None else None)
+    with pytest.raises(ManifestError, match=message):
+        volcano.pod_group(w)
+    with pytest.raises(BadInput, match=message):  # and the reconciler fails the job with that reason
+        decision.needs_of(w, policy(mode="volcano"))
 
 
 def test_pod_group_from_the_recorded_spec() -> None:
     spec = {"minMember": 3, "minResources": {"nvidia.com/gpu": "2"}, "queue": "team-a"}
     w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
-    recorded = podgroup.recorded(w)
+    recorded = volcano.pod_group(w)
     assert recorded is not None and recorded.queue == "team-a"
     pg = podgroup.pod_group(w, recorded)
     assert pg["metadata"]["name"] == "ray-train-pg"  # the name the pods' group-name annotation points to

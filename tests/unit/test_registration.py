@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from raygate import keys
-from raygate.policy import PROTECTED_NAMESPACES
-from webhook.registration import configurations
+from raygate.core import keys
+from raygate.core.policy import PROTECTED_NAMESPACES
+from raygate.webhook.registration import configurations
 
 MANIFEST = Path(__file__).resolve().parents[2] / "config" / "base" / "webhook-configurations.yaml"
 

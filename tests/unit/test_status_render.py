@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raygate import keys
+from raygate.core import keys
 from raygate.status import held_from, human_duration, render_json, render_table
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from certs import pki
+from raygate.core import pki
 from raygate.devenv.controlplane import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ def _start(tmp: Path, threads: int) -> Server:
     (tmp / "tls.key").write_bytes(leaf.key_pem)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--worker-class", "webhook.worker.KeepAliveThreadWorker",
+        [sys.executable, "-m", "gunicorn", "--worker-class", "raygate.webhook.worker.KeepAliveThreadWorker",
          "--workers", "1", "--threads", str(threads), "--keep-alive", "30", "--graceful-timeout", "10",
          "--bind", f"127.0.0.1:{port}", "--certfile", str(tmp / "tls.crt"), "--keyfile", str(tmp / "tls.key"),
          "tests.apps.echo:app"],

@@ -18,7 +18,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 Every raygate identity, the webhook configurations' exclusion and the default config name the
-namespace raygate-system (raygate/keys.py SYSTEM_NAMESPACE), so the chart installs only there.
+namespace raygate-system (raygate/core/keys.py SYSTEM_NAMESPACE), so the chart installs only there.
 */}}
 {{- define "raygate.namespace" -}}
 {{- if ne .Release.Namespace "raygate-system" -}}

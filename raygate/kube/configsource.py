@@ -10,10 +10,12 @@ import logging
 import threading
 from collections.abc import Callable
 
-from raygate import events, keys
-from raygate.informer import Informer
-from raygate.kube import CONFIGMAPS, JSON, Kube
-from raygate.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+from raygate.core import keys
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+from raygate.core.workload import JSON
+from raygate.kube import events
+from raygate.kube.client import CONFIGMAPS, Kube
+from raygate.kube.informer import Informer
 
 log = logging.getLogger("raygate.config")
 

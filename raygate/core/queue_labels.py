@@ -1,10 +1,10 @@
-"""Queue and priority labels, shared by the kueue and volcano modes."""
+"""Queue and priority labels, shared by the kueue and volcano modes (not a mode itself)."""
 
 from __future__ import annotations
 
-from raygate.policy import NamespacePolicy
-from raygate.workload import Workload
-from webhook.patch import PatchBuilder
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Workload
 
 
 def chosen(w: Workload, policy: NamespacePolicy, label: str, configured: str | None) -> str | None:

@@ -8,36 +8,34 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from builders import RayJob
 
-from raygate import keys
-from raygate.policy import NamespacePolicy, merge_override
-from raygate.workload import Workload
-from reconciler import children, flow
-from reconciler.flow import Create, Delete, Emit, Observed, PatchJob, Plan
-from reconciler.podgroup import QueueState
+from raygate.core import keys
+from raygate.core.modes import volcano
+from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.workload import Workload
+from raygate.reconciler import children, decision, podgroup
+from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan
+from raygate.reconciler.podgroup import QueueState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
-GPU = {"limits": {"nvidia.com/gpu": "1"}}
-CPU = {"requests": {"cpu": "1"}}
+GPU = {"nvidia.com/gpu": "1"}
+CPU = {"cpu": "1"}
 
 
 def job(state: str = "Pending", *, gpu: bool = True, annotations: dict[str, str] | None = None,
         suspend: bool = True, status: dict[str, Any] | None = None, workers: int = 2) -> Workload:
-    return Workload({
-        "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": "train", "namespace": "ns", "uid": "u1", "resourceVersion": "41", "generation": 3,
-                     "creationTimestamp": "2030-01-01T11:59:00Z",
-                     "labels": {keys.STATE_LABEL: state},
-                     "annotations": {keys.MODE_ANNOTATION: "provisioning", **(annotations or {})}},
-        "spec": {"suspend": suspend, "shutdownAfterJobFinishes": True, "rayClusterSpec": {
-            "headGroupSpec": {"template": {"spec": {"containers": [{"name": "h", "image": "ray",
-                                                                     "resources": CPU}]}}},
-            "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers, "minReplicas": 0, "maxReplicas": 9,
-                                  "template": {"spec": {"containers": [
-                                      {"name": "w", "image": "ray", "resources": GPU if gpu else CPU}]}}}],
-        }},
-        "status": status or {},
-    })
+    """A RayJob as the API server returns it while raygate holds it (state `state`, provisioning mode)."""
+    b = (RayJob("train", "ns")
+         .meta(uid="u1", resourceVersion="41", generation=3, creationTimestamp="2030-01-01T11:59:00Z")
+         .label(keys.STATE_LABEL, state).annotation(keys.MODE_ANNOTATION, "provisioning").suspend(suspend)
+         .head(requests=CPU)
+         .worker("gpu", replicas=workers, min_replicas=0, max_replicas=9,
+                 limits=GPU if gpu else None, requests=None if gpu else CPU)
+         .set("status", value=status or {}))
+    for key, value in (annotations or {}).items():
+        b.annotation(key, value)
+    return Workload(b.obj())
 
 
 def policy(**override: Any) -> NamespacePolicy:
@@ -48,7 +46,7 @@ def policy(**override: Any) -> NamespacePolicy:
 
 def rname(w: Workload, attempt: int) -> str:
     """The name the reconciler gives attempt `attempt` of `w` as it is now."""
-    return flow.gang_of(w, policy()).request_name(w, attempt)
+    return decision.needs_of(w, policy()).request_name(w, attempt)
 
 
 def tname(w: Workload, pod_set: str) -> str:
@@ -57,7 +55,7 @@ def tname(w: Workload, pod_set: str) -> str:
 
 def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float = 5) -> dict[str, Any]:
     created = (NOW - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    gang = flow.gang_of(w, policy())
+    gang = decision.needs_of(w, policy())
     pr = children.provisioning_request(w, list(gang.managed), policy(), attempt, "v1", gang.fingerprint)
     pr["metadata"]["creationTimestamp"] = created
     pr["status"] = {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{t} says {r}"}
@@ -100,7 +98,7 @@ def kinds(plan: Plan) -> list[str]:
 
 def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
     w = job(gpu=False)
-    plan = flow.decide(w, Observed(), policy(), NOW)
+    plan = decision.decide(w, Observed(), policy(), NOW)
     assert kinds(plan) == ["patch admit", "event Admitted"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is False
@@ -110,7 +108,7 @@ def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
 
 def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
     w = job()
-    plan = flow.decide(w, Observed(), policy(), NOW)
+    plan = decision.decide(w, Observed(), policy(), NOW)
     assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
     assert plan.actions[0].obj["metadata"]["name"] == tname(w, "gpu")  # type: ignore[union-attr]
     pr = plan.actions[1].obj  # type: ignore[union-attr]
@@ -123,7 +121,7 @@ def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
 def test_patches_first_test_the_state_they_were_decided_on() -> None:
     w = provisioning(2)
     pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
-    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     patch = next(a for a in plan.actions if isinstance(a, PatchJob))
     assert patch.step == "admit" and patch.ops[:4] == (
         {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Provisioning"},
@@ -147,12 +145,12 @@ def test_patches_first_test_the_state_they_were_decided_on() -> None:
 def test_replay_after_a_crash_creates_only_what_is_missing() -> None:
     w = job()
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
-    assert kinds(flow.decide(w, obs, policy(), NOW)) == ["patch provisioning"]
+    assert kinds(decision.decide(w, obs, policy(), NOW)) == ["patch provisioning"]
 
 
 def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
     w = job()
-    plan = flow.decide(w, Observed(), policy(), NOW, provreq_version=None)
+    plan = decision.decide(w, Observed(), policy(), NOW, provreq_version=None)
     after = applied(w, plan)
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
     assert "serves no ProvisioningRequest API" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
@@ -172,7 +170,7 @@ def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
 def test_conditions_of_the_current_request(conds: tuple[tuple[str, str, str], ...], expected: str) -> None:
     w = provisioning()
     obs = Observed(requests=(request(w, 1, *conds),), templates=templates(w))
-    assert flow.decide(w, obs, policy(), NOW).outcome == expected
+    assert decision.decide(w, obs, policy(), NOW).outcome == expected
 
 
 def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
@@ -180,7 +178,7 @@ def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
     name = rname(w, 1)
     obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
                    templates=templates(w))
-    plan = flow.decide(w, obs, policy(), NOW)
+    plan = decision.decide(w, obs, policy(), NOW)
     assert kinds(plan) == ["patch admit", "event Admitted"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is False
@@ -198,22 +196,22 @@ def test_failed_request_retries_under_a_new_name_after_backoff(attempt: int, del
     w = provisioning(attempt)
     old = rname(w, attempt)
     obs = Observed(requests=(request(w, attempt, ("Failed", "True", "OutOfQuota")),), templates=templates(w))
-    plan = flow.decide(w, obs, policy(), NOW)
+    plan = decision.decide(w, obs, policy(), NOW)
     assert kinds(plan) == ["patch retry", "event ProvisioningRetry", f"delete ProvisioningRequest {old}"]
     ann = applied(w, plan)["metadata"]["annotations"]
     assert ann[keys.ATTEMPT_ANNOTATION] == str(attempt + 1)
     assert ann[keys.REQUEST_ANNOTATION] == rname(w, attempt + 1)
-    assert flow.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
+    assert decision.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
     assert "OutOfQuota" in ann[keys.REASON_ANNOTATION]
     assert plan.requeue_after == delay
 
 
 def test_backoff_waits_then_creates_the_next_attempt() -> None:
-    due = flow.timestamp(NOW + dt.timedelta(seconds=4))
+    due = decision.timestamp(NOW + dt.timedelta(seconds=4))
     w = provisioning(2, **{keys.NEXT_ATTEMPT_ANNOTATION: due})
-    waiting = flow.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    waiting = decision.decide(w, Observed(templates=templates(w)), policy(), NOW)
     assert waiting.actions == [] and waiting.requeue_after == 4
-    later = flow.decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
+    later = decision.decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
     assert kinds(later) == ["create ProvisioningRequest"] and later.outcome == "retried"
     assert later.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
@@ -221,7 +219,7 @@ def test_backoff_waits_then_creates_the_next_attempt() -> None:
 def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> None:
     w = provisioning(3)  # limit 2: attempts 1, 2 and 3 are allowed
     pr = request(w, 3, ("Failed", "True", "OutOfQuota"))
-    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch fail", "event ProvisioningFailed",
                            f"delete ProvisioningRequest {rname(w, 3)}",
                            f"delete PodTemplate {tname(w, 'gpu')}"]
@@ -236,7 +234,7 @@ def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> N
 
 def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
     w = job("Pending", annotations={keys.ATTEMPT_ANNOTATION: "3", keys.REASON_ANNOTATION: "gave up"})
-    plan = flow.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(templates=templates(w)), policy(), NOW)
     assert kinds(plan)[0] == "create ProvisioningRequest"
     assert applied(w, plan)["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] == "1"
 
@@ -244,27 +242,27 @@ def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
 def test_stuck_accepted_past_the_timeout_is_retried() -> None:
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), age=301)
-    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert plan.outcome == "retry"
     assert "not Provisioned within 300s" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
     young = request(w, 1, ("Accepted", "True", "A"), age=100)
-    waiting = flow.decide(w, Observed(requests=(young,), templates=templates(w)), policy(), NOW)
+    waiting = decision.decide(w, Observed(requests=(young,), templates=templates(w)), policy(), NOW)
     assert waiting.outcome == "waiting" and waiting.requeue_after == 200
 
 
 def test_capacity_not_found_is_reported_once() -> None:
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityNotFound"))
-    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch hold", "event WaitingForCapacity"]
     again = job("Provisioning", annotations=applied(w, plan)["metadata"]["annotations"])
-    assert flow.decide(again, Observed(requests=(pr,), templates=templates(w)), policy(), NOW).actions == []
+    assert decision.decide(again, Observed(requests=(pr,), templates=templates(w)), policy(), NOW).actions == []
 
 
 def test_stale_requests_of_older_attempts_are_deleted() -> None:
     w = provisioning(2)
     obs = Observed(requests=(request(w, 1), request(w, 2)), templates=templates(w))
-    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(flow.decide(w, obs, policy(), NOW))
+    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(decision.decide(w, obs, policy(), NOW))
 
 
 @pytest.mark.parametrize("status", [{"jobDeploymentStatus": "Complete"}, {"jobDeploymentStatus": "Failed"}])
@@ -272,7 +270,7 @@ def test_finished_job_frees_its_booking(status: dict[str, str]) -> None:
     w = job("Admitted", suspend=False, status=status,
             annotations={keys.REQUEST_ANNOTATION: rname(job(), 1)})
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
-    assert sorted(kinds(flow.decide(w, obs, policy(), NOW))) == [
+    assert sorted(kinds(decision.decide(w, obs, policy(), NOW))) == [
         f"delete PodTemplate {tname(w, 'gpu')}",
         f"delete ProvisioningRequest {rname(w, 1)}"]
 
@@ -286,20 +284,20 @@ def admitted_with_revoked() -> tuple[Workload, Observed]:
 
 def test_capacity_revoked_report_only_records_it() -> None:
     w, obs = admitted_with_revoked()
-    plan = flow.decide(w, obs, policy(provisioning={"capacityRevoked": "Report"}), NOW)
+    plan = decision.decide(w, obs, policy(provisioning={"capacityRevoked": "Report"}), NOW)
     assert kinds(plan) == ["patch hold", "event CapacityRevoked"]
     assert applied(w, plan)["spec"]["suspend"] is False
 
 
 def test_capacity_revoked_requeue_suspends_and_asks_again() -> None:
     w, obs = admitted_with_revoked()
-    plan = flow.decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
+    plan = decision.decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
     assert kinds(plan) == ["patch requeue", "event CapacityRevoked",
                            f"delete ProvisioningRequest {rname(w, 1)}"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
     requeued = Workload(after)
-    nxt = flow.decide(requeued, Observed(templates=obs.templates), policy(), NOW)
+    nxt = decision.decide(requeued, Observed(templates=obs.templates), policy(), NOW)
     assert nxt.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
 
@@ -314,8 +312,8 @@ def volcano_job(queue_open: bool | None, provision: bool = False) -> tuple[Workl
 @pytest.mark.parametrize(("queue_open", "words"), [(False, "is Closed"), (None, "does not exist")])
 def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None, words: str) -> None:
     w, obs, pol = volcano_job(queue_open)
-    assert flow.queue_to_check(w, pol, Observed()) == "team-a"
-    plan = flow.decide(w, obs, pol, NOW)
+    assert decision.queue_to_check(w, pol, Observed()) == "team-a"
+    plan = decision.decide(w, obs, pol, NOW)
     assert kinds(plan) == ["patch hold", "event QueueNotOpen"]
     assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
     assert plan.requeue_after is not None
@@ -323,10 +321,13 @@ def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None
 
 def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
     w, obs, pol = volcano_job(True)
-    plan = flow.decide(w, obs, pol, NOW)
+    plan = decision.decide(w, obs, pol, NOW)
     assert kinds(plan) == ["create PodGroup", "patch admit", "event Admitted"]
     pg = plan.actions[0].obj  # type: ignore[union-attr]
     assert pg["metadata"]["name"] == "ray-train-pg" and pg["spec"]["queue"] == "team-a"
+    after = applied(w, plan)
+    assert after["metadata"]["annotations"][keys.REASON_ANNOTATION] == (
+        "admitted: PodGroup ray-train-pg in Volcano queue team-a gang-schedules the pods")
 
 
 def _group_names(obj: dict[str, Any]) -> dict[str, Any]:
@@ -357,17 +358,17 @@ def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_u
     pol = policy(mode="volcano", provisioning={"enabled": provision})
     obs = Observed(queue=QueueState("team-a", "Open"))
     if provision:  # Provisioned: the request raygate made for it
-        plan = flow.decide(w, obs, pol, NOW)
+        plan = decision.decide(w, obs, pol, NOW)
         w = Workload(applied(w, plan))
         pg = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodGroup")
         name = w.annotations[keys.REQUEST_ANNOTATION]
-        gang = flow.gang_of(w, pol)
+        gang = decision.needs_of(w, pol)
         pr = children.provisioning_request(w, list(gang.managed), pol, 1, "v1", gang.fingerprint)
         pr["metadata"]["creationTimestamp"] = "2030-01-01T11:59:59Z"
         pr["status"] = {"conditions": [{"type": t, "status": "True"} for t in ("Accepted", "Provisioned")]}
         assert pr["metadata"]["name"] == name
         obs = Observed(requests=(pr,), pod_groups=(pg,))
-    plan = flow.decide(w, obs, pol, NOW)
+    plan = decision.decide(w, obs, pol, NOW)
     admits = [a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit"]
     assert len(admits) == 1
     unsuspends = [op for a in plan.actions if isinstance(a, PatchJob) for op in a.ops
@@ -385,7 +386,7 @@ def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhoo
     for _, path in w.template_paths():
         obj_get(named, path).setdefault("metadata", {}).setdefault("annotations", {})[
             keys.VOLCANO_GROUP_NAME_ANNOTATION] = "ray-train-x7k2p-pg"
-    plan = flow.decide(Workload(named), Observed(queue=QueueState("team-a", "Open")), policy(mode="volcano"), NOW)
+    plan = decision.decide(Workload(named), Observed(queue=QueueState("team-a", "Open")), policy(mode="volcano"), NOW)
     admit = next(a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit")
     assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
 
@@ -405,7 +406,7 @@ RECORDED = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue"
 ], ids=["same", "same-spelled-otherwise", "min-member", "reset-on-suspend", "min-resources", "queue",
         "min-task-member"])
 def test_pod_group_drift(actual: dict[str, Any], changed: list[str]) -> None:
-    from reconciler.podgroup import drift
+    from raygate.reconciler.podgroup import drift
 
     found = drift(RECORDED, actual)
     assert len(found) == len(changed)
@@ -420,14 +421,14 @@ def admitted_volcano_job() -> Workload:
 
 def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
     w = admitted_volcano_job()
-    spec = flow.podgroup.recorded(w)
+    spec = volcano.pod_group(w)
     assert spec is not None
-    ours = flow.podgroup.pod_group(w, spec)
-    plan = flow.decide(w, Observed(pod_groups=(ours,)), policy(mode="volcano"), NOW)
+    ours = podgroup.pod_group(w, spec)
+    plan = decision.decide(w, Observed(pod_groups=(ours,)), policy(mode="volcano"), NOW)
     assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
     rewritten = json.loads(json.dumps(ours))
     rewritten["spec"].update(minMember=2, minResources={"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"})
-    plan = flow.decide(w, Observed(pod_groups=(rewritten,)), policy(mode="volcano"), NOW)
+    plan = decision.decide(w, Observed(pod_groups=(rewritten,)), policy(mode="volcano"), NOW)
     assert kinds(plan) == ["patch fail", "event PodGroupRewritten", "delete PodGroup ray-train-pg"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
@@ -437,7 +438,7 @@ def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> N
 
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
     w, obs, pol = volcano_job(True, provision=True)
-    assert kinds(flow.decide(w, obs, pol, NOW))[:3] == [
+    assert kinds(decision.decide(w, obs, pol, NOW))[:3] == [
         "create PodGroup", "create PodTemplate", "create ProvisioningRequest"]
 
 
@@ -447,7 +448,7 @@ def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
 ])
 def test_bad_input_fails_the_job_with_a_reason(annotations: dict[str, str], words: str) -> None:
     w = job(annotations=annotations)
-    plan = flow.decide(w, Observed(), policy(mode="volcano"), NOW)
+    plan = decision.decide(w, Observed(), policy(mode="volcano"), NOW)
     assert kinds(plan) == ["patch fail", "event InvalidJob"]
     assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
@@ -458,13 +459,13 @@ def test_too_many_gpu_pod_sets_fail_the_job() -> None:
     many = [{**groups[0], "groupName": f"g{i}"} for i in range(33)]
     big = Workload({**w.obj, "spec": {**w.obj["spec"], "rayClusterSpec": {
         **w.obj["spec"]["rayClusterSpec"], "workerGroupSpecs": many}}})
-    plan = flow.decide(big, Observed(), policy(), NOW)
+    plan = decision.decide(big, Observed(), policy(), NOW)
     assert "at most 32" in applied(big, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
 
 def test_kueue_mode_is_left_to_kueue() -> None:
     w = job(annotations={keys.MODE_ANNOTATION: "kueue"})
-    assert flow.decide(w, Observed(), policy(), NOW).actions == []
+    assert decision.decide(w, Observed(), policy(), NOW).actions == []
 
 
 # --- the gate holds: the booking matches what will run -------------------------------------------
@@ -480,7 +481,7 @@ def test_pod_sets_changed_while_provisioning_replace_the_request_in_the_same_att
     w = provisioning(2)
     old_request, old_templates = request(w, 2), templates(w)
     bigger = grown(w, 5)
-    plan = flow.decide(bigger, Observed(requests=(old_request,), templates=old_templates), policy(), NOW)
+    plan = decision.decide(bigger, Observed(requests=(old_request,), templates=old_templates), policy(), NOW)
     assert plan.outcome == "replaced"
     assert kinds(plan) == ["delete ProvisioningRequest " + rname(w, 2), "create ProvisioningRequest",
                            "patch provisioning", "event PodSetsChanged"]
@@ -495,7 +496,7 @@ def test_template_changed_while_provisioning_replaces_the_template_too() -> None
     obj = json.loads(json.dumps(w.obj))
     obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"gpu": "h100"}
     edited = Workload(obj)
-    plan = flow.decide(edited, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(edited, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan)[:4] == ["delete ProvisioningRequest " + rname(w, 1), "create PodTemplate",
                                "delete PodTemplate " + tname(w, "gpu"), "create ProvisioningRequest"]
     created = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodTemplate")
@@ -506,7 +507,7 @@ def test_a_provisioned_request_for_other_pod_sets_never_admits() -> None:
     w = provisioning()
     booked_for_two = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     bigger = grown(w, 8)  # grew after the request was made, before it was Provisioned
-    plan = flow.decide(bigger, Observed(requests=(booked_for_two,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(bigger, Observed(requests=(booked_for_two,), templates=templates(w)), policy(), NOW)
     assert "patch admit" not in kinds(plan)
     assert applied(bigger, plan)["spec"]["suspend"] is True
 
@@ -515,7 +516,7 @@ def test_request_recording_other_pod_sets_is_replaced_even_under_the_current_nam
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     pr["metadata"]["annotations"][keys.POD_SETS_ANNOTATION] = "something-else"
-    plan = flow.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert "patch admit" not in kinds(plan) and plan.outcome != "admitted"
 
 
@@ -524,7 +525,7 @@ def test_autoscaling_books_the_replicas_kuberay_starts() -> None:
     spec = obj["spec"]["rayClusterSpec"]
     spec["enableInTreeAutoscaling"] = True
     spec["workerGroupSpecs"][0].update({"minReplicas": 0, "replicas": 10, "maxReplicas": 20})
-    plan = flow.decide(Workload(obj), Observed(), policy(), NOW)
+    plan = decision.decide(Workload(obj), Observed(), policy(), NOW)
     pr = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "ProvisioningRequest")
     assert pr["spec"]["podSets"][0]["count"] == 10
 
@@ -532,7 +533,7 @@ def test_autoscaling_books_the_replicas_kuberay_starts() -> None:
 def test_job_kuberay_refused_fails_for_good_and_frees_its_booking() -> None:
     w = job("Provisioning", status={"jobDeploymentStatus": "ValidationFailed", "message": "spec is invalid: x"},
             annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
-    plan = flow.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan)[:2] == ["patch fail", "event RejectedByKubeRay"]
     assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(plan)
     after = applied(w, plan)
@@ -540,27 +541,27 @@ def test_job_kuberay_refused_fails_for_good_and_frees_its_booking() -> None:
     assert "spec is invalid: x" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
     event = next(a for a in plan.actions if isinstance(a, Emit))
     assert "create it again" in event.message and "--overwrite" not in event.message
-    again = flow.decide(Workload(after), Observed(), policy(), NOW)
+    again = decision.decide(Workload(after), Observed(), policy(), NOW)
     assert again.actions == []  # failed once, and it stays so
 
 
 def test_admitted_job_a_user_suspended_waits_for_capacity_again() -> None:
     w = job("Admitted", suspend=True,
             annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
-    plan = flow.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decision.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch requeue", "event Requeued", f"delete ProvisioningRequest {rname(w, 1)}"]
     after = applied(w, plan)
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending" and after["spec"]["suspend"] is True
-    nxt = flow.decide(Workload(after), Observed(templates=templates(w)), policy(), NOW)
+    nxt = decision.decide(Workload(after), Observed(templates=templates(w)), policy(), NOW)
     assert [a.obj["metadata"]["name"] for a in nxt.actions if isinstance(a, Create)] == [rname(w, 2)]
 
 
 @pytest.mark.parametrize("now_mode", [{"mode": "kueue"}, {"mode": "kueue", "provisioning": {"enabled": False}}])
 def test_held_job_finishes_under_the_mode_it_was_held_with(now_mode: dict[str, Any]) -> None:
     w = job()  # held in provisioning mode; the namespace moved to kueue since
-    plan = flow.decide(w, Observed(), policy(**now_mode), NOW)
+    plan = decision.decide(w, Observed(), policy(**now_mode), NOW)
     assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
-    admitted = flow.decide(provisioning(), Observed(requests=(request(w, 1, ("Accepted", "True", "A"),
+    admitted = decision.decide(provisioning(), Observed(requests=(request(w, 1, ("Accepted", "True", "A"),
                                                                         ("Provisioned", "True", "P")),),
                                                     templates=templates(w)), policy(**now_mode), NOW)
     assert admitted.outcome == "admitted"

@@ -8,24 +8,27 @@ hides resourceVersion and bookmark handling that a level-triggered controller mu
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import orjson
 import urllib3
 
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
+from raygate.core.workload import JSON
 
-JSON = dict[str, Any]
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,23 @@ def _retry_after(header: str | None) -> float:
         return 1.0
 
 
+IN_CLUSTER_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def context_namespace(kubeconfig: str | None) -> str:
+    """The namespace a command acts in by default: the pod's own, else the kubeconfig context's."""
+    from kubernetes import config
+
+    if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST") and Path(IN_CLUSTER_NAMESPACE).is_file():
+        return Path(IN_CLUSTER_NAMESPACE).read_text().strip() or "default"
+    try:
+        _, current = config.list_kube_config_contexts(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError, TypeError, ValueError):
+        return "default"
+    ns = (current or {}).get("context", {}).get("namespace")
+    return str(ns) if ns else "default"
+
+
 class Kube:
     """Authenticated JSON requests against one API server; counts requests by method."""
 
@@ -148,9 +168,11 @@ class Kube:
                     config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
                 except config.ConfigException:
                     config.load_kube_config(client_configuration=conf)  # type: ignore[no-untyped-call]
-        except (config.ConfigException, OSError, TypeError) as err:
+        except (config.ConfigException, OSError, TypeError, ValueError) as err:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "the in-cluster service account or ~/.kube/config"
             raise RaygateError(
-                f"no Kubernetes credentials: {err}; pass --kubeconfig or set KUBECONFIG"
+                f"cannot load the Kubernetes configuration from {where}: {err}; pass --kubeconfig PATH or set "
+                "KUBECONFIG"
             ) from None
         return cls(conf, user_agent=user_agent, pool_size=pool_size)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from certs.rotation import CertInfo, describe
-from raygate.errors import RaygateError
+from raygate.core.errors import RaygateError
+from raygate.core.pki import CertInfo, describe
 
 log = logging.getLogger(__name__)
 

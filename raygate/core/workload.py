@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
+from raygate.core import keys
+from raygate.core import quantity as q
 
+JSON = dict[str, Any]  # a Kubernetes object as the API server sends it
 Path = tuple[str | int, ...]
 Obj = Mapping[str, Any]
 

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raygate.kube import JSON, ApiError, Kube, Resource
+from raygate.core.workload import JSON
+from raygate.kube.client import ApiError, Kube, Resource
 
 log = logging.getLogger("raygate.informer")
 

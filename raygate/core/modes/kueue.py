@@ -7,11 +7,17 @@ raygate's; the validating webhook refuses a job that arrives unsuspended (decisi
 
 from __future__ import annotations
 
-from raygate import keys
-from raygate.policy import NamespacePolicy
-from raygate.workload import Gang, Workload
-from webhook.modes import queue
-from webhook.patch import PatchBuilder
+from typing import TYPE_CHECKING
+
+from raygate.core import keys, queue_labels
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import Gang, Workload
+
+if TYPE_CHECKING:
+    from raygate.core.modes.volcano import PodGroupSpec
+
+HOLDS = False  # Kueue admits: raygate labels and validates, and never touches spec.suspend
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
@@ -29,7 +35,7 @@ def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
             "Kueue admits in-tree autoscaling only for elastic jobs: set enableInTreeAutoscaling: false, "
             f'or add annotation {keys.KUEUE_ELASTIC_ANNOTATION}: "true" if your Kueue enables elastic jobs'
         )
-    if not queue.chosen(w, policy, keys.KUEUE_QUEUE_LABEL, policy.queue_name):
+    if not queue_labels.chosen(w, policy, keys.KUEUE_QUEUE_LABEL, policy.queue_name):
         out.append(
             f"no Kueue LocalQueue for namespace {w.namespace}: "
             + (
@@ -42,7 +48,11 @@ def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
 
 
 def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
-    queue.apply_labels(
+    queue_labels.apply_labels(
         b, w, policy, queue_label=keys.KUEUE_QUEUE_LABEL, priority_label=keys.KUEUE_PRIORITY_LABEL,
         default_queue=None,
     )
+
+
+def pod_group(w: Workload) -> PodGroupSpec | None:
+    return None

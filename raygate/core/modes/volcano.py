@@ -1,7 +1,8 @@
 """volcano mode: hold the job, route every pod to Volcano in one PodGroup, record the PodGroup spec.
 
-The reconciler creates the PodGroup from the recorded spec; pods find it through the group-name
-annotation on every pod template, the submitter's included, so the whole gang schedules together.
+The webhook records the spec in an annotation (`apply`); the reconciler reads it back (`pod_group`)
+and creates the PodGroup from it. Pods find it through the group-name annotation on every pod
+template, the submitter's included, so the whole gang schedules together.
 
 With `metadata.generateName` the name (and so the PodGroup's, `ray-<name>-pg`) is chosen by the API
 server after this webhook has answered. Everything else is written here; the group-name annotation
@@ -12,16 +13,27 @@ without it (and the guard keeps anyone else from unsuspending the job or writing
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from raygate import keys
-from raygate import quantity as q
-from raygate.policy import NamespacePolicy
-from raygate.workload import Gang, Workload, get
-from webhook.modes import provisioning, queue
-from webhook.patch import PatchBuilder
+from raygate.core import keys, queue_labels
+from raygate.core import quantity as q
+from raygate.core.modes import provisioning
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import JSON, Gang, ManifestError, Workload, get
 
 DEFAULT_QUEUE = "default"  # Volcano's built-in queue
+HOLDS = True
+
+
+@dataclass(frozen=True)
+class PodGroupSpec:
+    """The PodGroup a held job gets, as the webhook recorded it."""
+
+    name: str
+    queue: str
+    spec: JSON
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
@@ -35,7 +47,7 @@ def pod_group_spec(w: Workload, policy: NamespacePolicy, gang: Gang, queue_name:
         "minResources": q.render(gang.min_resources),
         "queue": queue_name,
     }
-    priority = queue.chosen(w, policy, keys.RAY_PRIORITY_CLASS_LABEL, policy.priority_class)
+    priority = queue_labels.chosen(w, policy, keys.RAY_PRIORITY_CLASS_LABEL, policy.priority_class)
     if priority:
         spec["priorityClassName"] = priority
     return spec
@@ -61,7 +73,7 @@ def default_submitter_template(w: Workload) -> dict[str, Any]:
 
 def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
     provisioning.apply(b, w, policy, gang)
-    queue_name = queue.apply_labels(
+    queue_name = queue_labels.apply_labels(
         b, w, policy, queue_label=keys.VOLCANO_QUEUE_LABEL, priority_label=keys.RAY_PRIORITY_CLASS_LABEL,
         default_queue=DEFAULT_QUEUE,
     ) or DEFAULT_QUEUE
@@ -82,3 +94,23 @@ def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> 
         b.set((*path, "metadata", "annotations", keys.VOLCANO_TASK_SPEC_ANNOTATION), task)
     spec = pod_group_spec(w, policy, gang, queue_name)
     b.set(("metadata", "annotations", keys.POD_GROUP_ANNOTATION), json.dumps(spec, sort_keys=True))
+
+
+def pod_group(w: Workload) -> PodGroupSpec | None:
+    """The PodGroup spec `apply` recorded; raises ManifestError when it is missing or unusable."""
+    text = w.annotations.get(keys.POD_GROUP_ANNOTATION)
+    if text is None:
+        raise ManifestError(f"volcano mode needs the PodGroup spec in annotation {keys.POD_GROUP_ANNOTATION}, "
+                            "which the webhook writes at creation: re-create the job")
+    try:
+        spec = json.loads(text)
+    except (TypeError, ValueError) as err:
+        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not valid JSON ({err}): re-create the job") \
+            from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("minMember"), int):
+        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not a PodGroup spec with an integer "
+                            "minMember: re-create the job")
+    queue = spec.get("queue")
+    if not isinstance(queue, str) or not queue:
+        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} names no queue: re-create the job")
+    return PodGroupSpec(w.pod_group_name, queue, spec)

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from raygate import keys, quantity
+from raygate.core import keys, quantity
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
 # KubeRay's own install (its kustomize default and Helm chart) runs the operator as this account.

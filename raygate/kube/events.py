@@ -7,7 +7,7 @@ import logging
 import uuid
 from typing import Any
 
-from raygate.kube import EVENTS, ApiError, Kube
+from raygate.kube.client import EVENTS, ApiError, Kube
 
 log = logging.getLogger("raygate.events")
 COMPONENT = "raygate"

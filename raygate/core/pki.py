@@ -1,6 +1,7 @@
-"""Pure certificate building with `cryptography`: a CA, and leaf certificates it signs.
+"""Pure certificate building and reading with `cryptography`: a CA, leaf certificates it signs, what they hold.
 
-Used by `raygate certs` for the webhook and by the local control plane for kube-apiserver.
+Used by `raygate certs` for the webhook, by the webhook to report the certificate it serves, and by the
+local control plane for kube-apiserver.
 """
 
 from __future__ import annotations
@@ -132,3 +133,52 @@ def make_signing_key() -> tuple[bytes, bytes]:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return _key_pem(key), public
+
+
+# --- reading ------------------------------------------------------------------------------------
+def read_certificates(pem: bytes | None) -> list[x509.Certificate]:
+    """Every certificate in `pem`; [] when there is none or it cannot be read (never raises)."""
+    if not pem:
+        return []
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []
+
+
+def cert_sans(cert: x509.Certificate) -> list[str]:
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    dns = [d.lower() for d in ext.get_values_for_type(x509.DNSName)]
+    return dns + [str(ip) for ip in ext.get_values_for_type(x509.IPAddress)]
+
+
+@dataclass(frozen=True)
+class CertInfo:
+    subject: str
+    issuer: str
+    sans: tuple[str, ...]
+    serial: int
+    not_before: dt.datetime
+    not_after: dt.datetime
+
+    def left(self, now: dt.datetime) -> dt.timedelta:
+        return self.not_after - now
+
+
+def describe(pem: bytes | None) -> CertInfo | None:
+    """The first certificate in `pem`, or None when there is none or it cannot be read."""
+    certs = read_certificates(pem)
+    if not certs:
+        return None
+    c = certs[0]
+    return CertInfo(
+        subject=c.subject.rfc4514_string(),
+        issuer=c.issuer.rfc4514_string(),
+        sans=tuple(cert_sans(c)),
+        serial=c.serial_number,
+        not_before=c.not_valid_before_utc,
+        not_after=c.not_valid_after_utc,
+    )

@@ -1,0 +1,587 @@
+"""The reconciler's decision, as a pure function: (job, its observed children, policy, now) -> plan.
+
+Level-triggered: everything it needs is on the job (state label and annotations) or among the
+children the cluster holds, so a reconciler restarted at any instant decides the same thing again.
+Every write to the job is a JSON patch that first tests the job's raygate state, so a decision made
+on a stale view fails instead of overwriting a newer one.
+
+Per attempt n a job has one ProvisioningRequest, named `<job>-<hash>-a<n>`. The job's annotations
+say which request is current; any other request the job owns is stale and is deleted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from raygate.core import keys
+from raygate.core.conditions import Condition, conditions
+from raygate.core.modes import provisioning, rules_for
+from raygate.core.modes.volcano import PodGroupSpec
+from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
+from raygate.core.workload import JSON, ManifestError, PodSet, Workload, get
+from raygate.reconciler import children, podgroup
+from raygate.reconciler.children import BadInput
+from raygate.reconciler.podgroup import QueueState
+
+QUEUE_RECHECK_SECONDS = 10.0
+STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
+GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
+
+
+# --- the decision ---------------------------------------------------------------------------------
+
+def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+           provreq_version: str | None = keys.PROVREQ_VERSIONS[0]) -> Plan:
+    """`provreq_version`: the ProvisioningRequest API version served (None: not installed)."""
+    mode = policy.recorded_mode(w.annotations)
+    if not rules_for(mode).HOLDS:
+        return Plan(outcome=Outcome.NOT_HELD)  # another system admits (Kueue owns suspend in kueue mode)
+    # A held job finishes under the mode it was held with, whatever the namespace changed to since.
+    policy = policy.for_mode(mode)
+    state = w.labels.get(keys.STATE_LABEL)
+    rejected = w.rejected_by_kuberay()
+    if rejected is not None and state != keys.State.FAILED:
+        return fail(w, obs, f"KubeRay refused this RayJob and will never run it ({rejected})",
+                    event_reason="RejectedByKubeRay", restartable=False)
+    if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
+        actions = _delete_all(obs)
+        actions += [Delete("PodGroup", _name(g)) for g in obs.pod_groups]
+        return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FINISHED)
+    if state == keys.State.PENDING:
+        return _pending(w, obs, policy, now, provreq_version)
+    if state == keys.State.PROVISIONING:
+        return _provisioning(w, obs, policy, now, provreq_version)
+    if state == keys.State.ADMITTED:
+        return _admitted(w, obs, policy, now)
+    if state == keys.State.FAILED:
+        actions = _delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
+        return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
+    return Plan(outcome=Outcome.UNKNOWN_STATE)
+
+
+def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob",
+         restartable: bool = True, suspend: bool = False) -> Plan:
+    """Give up on the job: state Failed with the reason, an Event, its requests and templates deleted.
+
+    The job stays suspended (`suspend`: is suspended again, for one that ran). Relabelling it Pending
+    starts over at attempt 1, unless KubeRay itself refused the job (`restartable` False): then only
+    a new job can run.
+    """
+    b = _builder(w)
+    if suspend:
+        b.set(("spec", "suspend"), True)
+    b.set(STATE_PATH, keys.State.FAILED.value)
+    b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
+    b.remove(_annotation(keys.REQUEST_ANNOTATION))
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    restart = (f"to start over run: kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
+               f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite" if restartable else
+               "delete it, fix the spec and create it again")
+    actions: list[Action] = [
+        _patch(b, Step.FAIL),
+        Emit(event_reason, f"{message}. The job stays suspended; {restart}", warning=True,
+             name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
+    ]
+    return Plan([*actions, *_delete_all(obs)], outcome=Outcome.FAILED)
+
+
+def queue_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> str | None:
+    """The Volcano queue to look up before deciding (the controller reads it), or None."""
+    if w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.pod_groups:
+        return None
+    try:
+        group = rules_for(policy.recorded_mode(w.annotations)).pod_group(w)
+    except ManifestError:
+        return None
+    return group.queue if group is not None else None
+
+
+# --- the plan it returns ------------------------------------------------------------------------
+
+class Step(StrEnum):
+    """What one patch of the job does (logged; admit, retry and fail are counted in metrics)."""
+
+    PROVISIONING = "provisioning"  # a request is out: state Provisioning
+    ADMIT = "admit"  # unsuspended: state Admitted
+    RETRY = "retry"  # the next attempt is scheduled
+    FAIL = "fail"  # gave up: state Failed
+    REQUEUE = "requeue"  # back to Pending for new capacity
+    HOLD = "hold"  # still held, with a new reason
+
+
+class Outcome(StrEnum):
+    """What one decision came to (logs and tests)."""
+
+    NONE = "none"
+    NOT_HELD = "not-held"  # a mode in which raygate holds nothing (kueue)
+    CLEANUP = "cleanup"  # finished, deleted or failed: children to delete
+    FINISHED = "finished"
+    FAILED = "failed"
+    UNKNOWN_STATE = "unknown-state"
+    QUEUE_CLOSED = "queue-closed"
+    REQUESTED = "requested"
+    REPLACED = "replaced"  # the pod sets changed: a new request in the same attempt
+    WAITING = "waiting"
+    BACKOFF = "backoff"
+    RETRY = "retry"  # this attempt failed; the next one is scheduled
+    RETRIED = "retried"  # the request of a later attempt was (re)created
+    ADMITTED = "admitted"
+    REVOKED_REPORTED = "revoked-reported"
+    REQUEUED = "requeued"
+    POD_GROUP_REWRITTEN = "pod-group-rewritten"  # volcano: another writer changed raygate's PodGroup
+
+
+@dataclass(frozen=True)
+class Create:
+    kind: str  # PodTemplate, ProvisioningRequest, PodGroup
+    obj: JSON
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PatchJob:
+    ops: tuple[PatchOp, ...]
+    step: Step
+
+    @property
+    def changes(self) -> bool:
+        return any(op["op"] != "test" for op in self.ops)
+
+
+@dataclass(frozen=True)
+class Emit:
+    reason: str  # PascalCase
+    message: str
+    warning: bool = False
+    name: str | None = None  # deterministic, so a replay records no second Event
+
+
+Action = Create | Delete | PatchJob | Emit
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    requeue_after: float | None = None
+    outcome: Outcome = Outcome.NONE
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+# --- what it reads: the job's children, and what the job needs --------------------------------
+
+@dataclass(frozen=True)
+class Observed:
+    requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls
+    templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
+    pod_groups: tuple[JSON, ...] = ()  # PodGroups raygate created for this job
+    queue: QueueState | None = None  # volcano mode, PodGroup still to create: its queue
+
+    def request(self, name: str) -> JSON | None:
+        return next((r for r in self.requests if _name(r) == name), None)
+
+    def template_names(self) -> set[str]:
+        return {_name(t) for t in self.templates}
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one held job needs: the pod sets that go into a request, and the PodGroup (volcano).
+
+    (Not workload.Gang, the whole gang of a job: these are the parts of it raygate books.)"""
+
+    managed: tuple[PodSet, ...]
+    provision: bool
+    pod_group: PodGroupSpec | None
+    fingerprint: str = ""  # of the managed pod sets: what a request for them books
+
+    def request_name(self, w: Workload, attempt: int) -> str:
+        return children.request_name(w, attempt, self.fingerprint)
+
+
+def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
+    """Raises BadInput for a job that cannot be admitted as written."""
+    try:
+        managed = tuple(w.gang().managed_pod_sets(policy.managed_resources))
+    except ManifestError as err:
+        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    try:
+        group = rules_for(policy.mode).pod_group(w)
+    except ManifestError as err:
+        raise BadInput(str(err)) from None
+    if policy.provisions and (too_many := provisioning.too_many_pod_sets(managed, policy)):
+        raise BadInput(too_many)
+    try:
+        fingerprint = children.fingerprint(w, managed)
+    except ManifestError as err:
+        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    return Needs(managed, policy.provisions and bool(managed), group, fingerprint)
+
+
+# --- one function per state ---------------------------------------------------------------------
+
+def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None) -> Plan:
+    try:
+        needs = needs_of(w, policy)
+        attempt = _pending_attempt(w)
+        name = needs.request_name(w, attempt)
+        plan = Plan(_delete_requests(obs, keep=name if needs.provision else None))
+        if needs.pod_group is not None and not obs.pod_groups:
+            queue = obs.queue or QueueState(needs.pod_group.queue, None)
+            if not queue.open:
+                _hold(w, queue.why_closed(), "QueueNotOpen", plan, f"{queue.name}/{queue.state}")
+                plan.requeue(min(QUEUE_RECHECK_SECONDS, policy.retry.base_seconds))
+                plan.outcome = Outcome.QUEUE_CLOSED
+                return plan
+            plan.actions.append(Create("PodGroup", podgroup.pod_group(w, needs.pod_group)))
+        if not needs.provision:
+            return _admit(w, plan, None, policy, needs, now)
+        plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    b = _builder(w)
+    b.set(STATE_PATH, keys.State.PROVISIONING.value)
+    b.set(_annotation(keys.REQUEST_ANNOTATION), name)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
+    counts = ", ".join(f"{p.name} x{p.count}" for p in needs.managed)
+    b.set(_annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} "
+          f"({policy.provisioning.class_name}; {counts}) to be Provisioned")
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    # No Event for a plain wait: the state label and this reason say it, and at most 6 writes per
+    # admitted job leave room for one normal Event (Admitted) with two GPU pod sets. Anything
+    # unusual while held (no capacity, retries, a closed queue) gets a Warning Event.
+    plan.actions.append(_patch(b, Step.PROVISIONING))
+    plan.requeue(policy.provisioning.provisioned_timeout_seconds)
+    plan.outcome = Outcome.REQUESTED
+    return plan
+
+
+def _pending_attempt(w: Workload) -> int:
+    """The attempt a Pending job starts: the one a requeue or a replaced request recorded, else 1.
+
+    A job relabelled Pending after Failed has no current request (giving up removes it), so it
+    starts over at attempt 1. (Only raygate writes these annotations: users cannot.)
+    """
+    attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
+    if attempt and w.annotations.get(keys.REQUEST_ANNOTATION):
+        return attempt
+    return 1
+
+
+def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: Needs, attempt: int,
+                    version: str | None) -> list[Action]:
+    """PodTemplates first (a request whose templates are missing fails), then the request."""
+    if version is None:
+        raise BadInput(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP}): install the "
+                       "cluster-autoscaler's CRD, or turn provisioning off for this namespace in raygate-config")
+    actions: list[Action] = []
+    have = obs.template_names()
+    wanted = set()
+    for p in needs.managed:
+        t = children.pod_template(w, p)
+        wanted.add(_name(t))
+        if _name(t) not in have:
+            actions.append(Create("PodTemplate", t))
+    # Templates of pod sets as they were before an edit: no request needs them any more.
+    actions += [Delete("PodTemplate", name) for name in sorted(have - wanted)]
+    pr = children.provisioning_request(w, list(needs.managed), policy, attempt, version, needs.fingerprint)
+    if obs.request(_name(pr)) is None:
+        actions.append(Create("ProvisioningRequest", pr))
+    return actions
+
+
+def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy, needs: Needs,
+           now: dt.datetime) -> Plan:
+    """One patch: consume annotations on the booked pod templates, unsuspend, state Admitted.
+
+    It also tests the spec's generation (bumped by spec edits, not by status writes): a user who grows
+    a held job between this decision and the patch must not have it unsuspended on the booking made
+    for its old size. (Only here: KubeRay's own first update of a new job bumps it too, and the
+    earlier patches unsuspend nothing; a request made for an older spec is replaced before admission.)
+    """
+    b = _builder(w)
+    generation = get(w.obj, GENERATION_PATH)
+    if generation is not None:
+        b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
+    if needs.pod_group is not None:
+        # Written here rather than by the webhook for a job created with generateName (its name, and so
+        # its PodGroup's, did not exist yet); for any other job it is already in place and adds nothing.
+        # In the patch that unsuspends: no pod of the job can ever be created without it.
+        for _, path in w.template_paths():
+            b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), needs.pod_group.name)
+    if request is not None:
+        for p in needs.managed:
+            if p.template_path is None:
+                continue
+            b.set((*p.template_path, "metadata", "annotations", keys.CONSUME_ANNOTATION), request)
+            b.set((*p.template_path, "metadata", "annotations", keys.CLASS_ANNOTATION),
+                  policy.provisioning.class_name)
+    b.set(("spec", "suspend"), False)
+    b.set(STATE_PATH, keys.State.ADMITTED.value)
+    b.set(_annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
+    b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    if request is not None:
+        why = f"ProvisioningRequest {request} is Provisioned"
+    elif needs.pod_group is not None:
+        why = f"PodGroup {needs.pod_group.name} in Volcano queue {needs.pod_group.queue} gang-schedules the pods"
+    elif needs.managed:
+        why = "ProvisioningRequests are disabled for this namespace"
+    else:
+        why = (f"no pod set requests {', '.join(policy.managed_resources)}, so no capacity request was needed")
+    b.set(_annotation(keys.REASON_ANNOTATION), f"admitted: {why}")
+    created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+    held = f" after {max((now - created).total_seconds(), 0):.0f}s held" if created else ""
+    plan.actions += [
+        _patch(b, Step.ADMIT),
+        Emit("Admitted", f"unsuspended{held}: {why}", name=children.event_name(w, "Admitted", request or "")),
+    ]
+    plan.outcome = Outcome.ADMITTED
+    return plan
+
+
+def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+                  version: str | None) -> Plan:
+    attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
+    name = w.annotations.get(keys.REQUEST_ANNOTATION)
+    if attempt is None or not name:
+        return _pending(w, obs, policy, now, version)  # annotations lost: begin again, as Pending
+    try:
+        needs = needs_of(w, policy)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    if name != needs.request_name(w, attempt):
+        return _replace(w, obs, policy, now, version, name)
+    plan = Plan(_delete_requests(obs, keep=name))
+    due = parse_time(w.annotations.get(keys.NEXT_ATTEMPT_ANNOTATION))
+    if due is not None and now < due:
+        plan.requeue((due - now).total_seconds())
+        plan.outcome = Outcome.BACKOFF
+        return plan
+    pr = obs.request(name)
+    if pr is None:
+        try:
+            plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
+        except BadInput as err:
+            return fail(w, obs, str(err))
+        plan.requeue(policy.provisioning.provisioned_timeout_seconds)
+        plan.outcome = Outcome.RETRIED if attempt > 1 else Outcome.REQUESTED
+        return plan
+    cond = conditions(pr)
+    for ctype, why in (("Failed", "failed"), ("BookingExpired", "lost its booking before the job was admitted"),
+                       ("CapacityRevoked", "lost its capacity before the job was admitted")):
+        c = cond.get(ctype)
+        if c is not None and c.true:
+            return _retry_or_fail(w, obs, policy, now, attempt, name, why, c, plan, needs)
+    if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != needs.fingerprint:
+        return _replace(w, obs, policy, now, version, name)  # it books other pod sets than the job has now
+    accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
+    if accepted and accepted.true and provisioned and provisioned.true:
+        return _admit(w, plan, name, policy, needs, now)
+    created = parse_time(get(pr, ("metadata", "creationTimestamp"))) or now
+    left = policy.provisioning.provisioned_timeout_seconds - (now - created).total_seconds()
+    if left <= 0:
+        timeout = Condition("True", "ProvisionedTimeout", f"not Provisioned within "
+                            f"{policy.provisioning.provisioned_timeout_seconds:g}s")
+        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", timeout, plan, needs)
+    if provisioned is not None and not provisioned.true and provisioned.reason:
+        msg = f": {provisioned.message}" if provisioned.message else ""
+        _hold(w, f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}", "WaitingForCapacity",
+              plan, f"{name}/{provisioned.reason}")
+    plan.requeue(left)
+    plan.outcome = Outcome.WAITING
+    return plan
+
+
+def _replace(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None,
+             old: str) -> Plan:
+    """The job's pod sets changed while it was held: a request for the new ones, in the same attempt."""
+    plan = _pending(w, obs, policy, now, version)
+    if plan.outcome == Outcome.REQUESTED:
+        why = (f"its pod sets changed after ProvisioningRequest {old} was made; the request was replaced, "
+               "so the capacity booked is the capacity it will use")
+        plan.actions.append(Emit("PodSetsChanged", why, name=children.event_name(w, "PodSetsChanged", old)))
+        plan.outcome = Outcome.REPLACED
+    return plan
+
+
+def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, attempt: int, name: str,
+                   why: str, cond: Condition, plan: Plan, needs: Needs) -> Plan:
+    detail = f"{cond.reason}: {cond.message}" if cond.message else cond.reason
+    if attempt > policy.retry.limit:
+        return fail(w, obs, f"ProvisioningRequest {name} {why} ({detail}); gave up after {attempt} attempt"
+                            f"{'s' if attempt > 1 else ''}", event_reason="ProvisioningFailed")
+    delay = policy.retry.delay(attempt)
+    due = now + dt.timedelta(seconds=delay)
+    nxt = needs.request_name(w, attempt + 1)
+    b = _builder(w)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
+    b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.set(_annotation(keys.NEXT_ATTEMPT_ANNOTATION), precise_timestamp(due))
+    reason = f"ProvisioningRequest {name} {why} ({detail}); attempt {attempt + 1} as {nxt} after {timestamp(due)}"
+    b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
+    # The patch comes first: if the reconciler dies before the delete, the stale request is deleted next time.
+    plan.actions = [_patch(b, Step.RETRY),
+                    Emit("ProvisioningRetry", reason, warning=True, name=children.event_name(w, "Retry", name)),
+                    *_delete_requests(obs, keep=nxt)]
+    plan.requeue(delay)
+    plan.outcome = Outcome.RETRY
+    return plan
+
+
+def _pod_group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Plan | None:
+    """volcano mode: someone else rewrote the PodGroup raygate made for this job (KubeRay's own Volcano
+    integration does, to its own counts): stop the job rather than let Volcano schedule another gang
+    than the one admitted, and delete the group, so that a new start makes it afresh."""
+    try:
+        spec = rules_for(policy.mode).pod_group(w)
+    except ManifestError:
+        return None
+    group = next((g for g in obs.pod_groups if spec is not None and _name(g) == spec.name), None)
+    if spec is None or group is None:
+        return None
+    changes = podgroup.drift(spec.spec, get(group, ("spec",)) or {})
+    if not changes:
+        return None
+    message = (f"PodGroup {spec.name} was rewritten by another writer ({'; '.join(changes)}). KubeRay's own "
+               "Volcano integration (operator flag --batch-scheduler=volcano) updates every PodGroup named "
+               "ray-<name>-pg to its own counts, so Volcano would no longer schedule the gang raygate admitted; "
+               "raygate suspended the job. Where raygate's volcano mode is used, run the KubeRay operator "
+               "without --batch-scheduler (raygate creates the PodGroup), or use provisioning mode")
+    plan = fail(w, obs, message, event_reason="PodGroupRewritten", suspend=True)
+    plan.actions.append(Delete("PodGroup", spec.name))
+    plan.outcome = Outcome.POD_GROUP_REWRITTEN
+    return plan
+
+
+def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
+    if (rewritten := _pod_group_rewritten(w, obs, policy)) is not None:
+        return rewritten
+    name = w.annotations.get(keys.REQUEST_ANNOTATION)
+    plan = Plan(_delete_requests(obs, keep=name), outcome=Outcome.ADMITTED)
+    if w.suspended:
+        # Suspended by a user after admission: its pods are gone, and so will its booking be before it
+        # could start again. It waits for capacity anew, as any held job.
+        return _requeue(w, obs, policy, name, "was suspended after admission", "Requeued")
+    pr = obs.request(name) if name else None
+    revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
+    if revoked is None or not revoked.true or name is None:
+        return plan
+    detail = f"{revoked.reason}: {revoked.message}" if revoked.message else revoked.reason
+    if policy.provisioning.capacity_revoked is CapacityRevokedAction.REPORT:
+        _hold(w, f"capacity of ProvisioningRequest {name} was revoked ({detail}); the job keeps running",
+              "CapacityRevoked", plan, name)
+        plan.outcome = Outcome.REVOKED_REPORTED
+        return plan
+    return _requeue(w, obs, policy, name, f"lost the capacity of ProvisioningRequest {name} ({detail})",
+                    "CapacityRevoked", suspend=True)
+
+
+def _requeue(w: Workload, obs: Observed, policy: NamespacePolicy, name: str | None, why: str, event_reason: str,
+             *, suspend: bool = False) -> Plan:
+    """Back to Pending with the next attempt: the job waits for a new request, suspended."""
+    attempt = (_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1) + 1
+    try:
+        nxt = needs_of(w, policy).request_name(w, attempt)
+    except BadInput as err:
+        return fail(w, obs, str(err))
+    reason = f"{why}; {'suspended and ' if suspend else ''}queued again for capacity as {nxt}"
+    b = _builder(w)
+    if suspend:
+        b.set(("spec", "suspend"), True)
+    b.set(STATE_PATH, keys.State.PENDING.value)
+    b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
+    b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
+    b.remove(_annotation(keys.ADMITTED_AT_ANNOTATION))
+    return Plan([_patch(b, Step.REQUEUE),
+                 Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
+                 *_delete_requests(obs, keep=nxt)], outcome=Outcome.REQUEUED)
+
+
+def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str = "") -> None:
+    """Keep the job held and say why: the reason annotation and one Event, only when it changes."""
+    if w.annotations.get(keys.REASON_ANNOTATION) == reason:
+        return
+    b = _builder(w)
+    b.set(_annotation(keys.REASON_ANNOTATION), reason)
+    plan.actions += [_patch(b, Step.HOLD),
+                     Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, detail))]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def timestamp(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise_timestamp(t: dt.datetime) -> str:
+    """Milliseconds, so a backoff of a second or two is not cut short by rounding."""
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_time(text: object) -> dt.datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _int(text: object) -> int | None:
+    try:
+        value = int(str(text))
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def _builder(w: Workload) -> PatchBuilder:
+    """A patch that applies only while the job is in the state the decision was made on.
+
+    It tests raygate's own fields (state, attempt, request) rather than the resourceVersion: KubeRay
+    writes the status of a held job too, and that must not turn every first patch into a conflict
+    (and an extra write); a competing reconciler, the only other writer of these fields, still fails
+    the test.
+    """
+    b = PatchBuilder(w.obj)
+    for path in (STATE_PATH, _annotation(keys.ATTEMPT_ANNOTATION), _annotation(keys.REQUEST_ANNOTATION)):
+        value = get(w.obj, path)
+        if value is not None:
+            b.ops.append({"op": "test", "path": pointer(path), "value": value})
+    return b
+
+
+def _patch(b: PatchBuilder, step: Step) -> PatchJob:
+    return PatchJob(tuple(b.ops), step)
+
+
+def _delete_requests(obs: Observed, keep: str | None = None) -> list[Action]:
+    return [Delete("ProvisioningRequest", _name(r)) for r in obs.requests if _name(r) != keep]
+
+
+def _delete_all(obs: Observed) -> list[Action]:
+    out = _delete_requests(obs)
+    out += [Delete("PodTemplate", _name(t)) for t in obs.templates]
+    return out
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str(get(obj, ("metadata", "name"), ""))
+
+
+def _annotation(key: str) -> tuple[str, ...]:
+    return ("metadata", "annotations", key)
