@@ -4,6 +4,7 @@ files added to a copy of its pinned version (Volcano's apis)."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,3 +48,19 @@ def test_additions_go_into_a_writable_copy_and_the_cache_is_left_alone(tmp_path:
 def test_an_addition_never_overwrites_what_the_module_has(tmp_path: Path, module_cache: Path) -> None:
     with pytest.raises(RaygateError, match=r"already has pkg/types\.go"):
         build._with_additions("example.com/mod", "v1", {"pkg/types.go": "package pkg\n"}, tmp_path, tmp_path)
+
+
+def test_the_volcano_scheduler_configuration_runs_what_the_readme_says() -> None:
+    import yaml
+
+    from raygate.devenv.volcano import SCHEDULER_CONF, scheduler_args
+
+    conf = yaml.safe_load(SCHEDULER_CONF.read_text())
+    assert [a.strip() for a in conf["actions"].split(",")] == ["enqueue", "allocate", "backfill"]
+    plugins = [p["name"] for tier in conf["tiers"] for p in tier["plugins"]]
+    assert {"gang", "proportion", "predicates", "nodeorder"} <= set(plugins)
+    assert plugins.index("gang") < len(conf["tiers"][0]["plugins"]), "gang decides in the first tier"
+
+    plane = SimpleNamespace(kubeconfig="/k", bundle=SimpleNamespace(binary=lambda name: f"/bin/{name}"))
+    args = scheduler_args(plane)  # type: ignore[arg-type]
+    assert f"--scheduler-conf={SCHEDULER_CONF}" in args and "--leader-elect=false" in args
