@@ -1,10 +1,14 @@
 # syntax=docker/dockerfile:1
 # raygate: one image for the webhook (`raygate webhook`) and the reconciler (`raygate reconciler`).
 #   docker build -t ghcr.io/raygate/raygate:0.1.0 .
-# Needs BuildKit (the default builder since Docker 23) for the bind mount in the final stage.
+# Needs BuildKit (the default builder since Docker 23) or buildah for the bind mount in the final stage.
+# BASE_IMAGE: any Debian-like image with python3.11 and pip on PATH. `make image` builds with buildah
+# from a base bootstrapped from Debian packages (image/build.sh), so it needs no registry.
+
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
 # --- builder: raygate's wheel plus a wheel for every dependency -------------------------------
-FROM python:3.11.13-slim-bookworm AS builder
+FROM ${BASE_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -26,7 +30,7 @@ COPY certs/ certs/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # --- final: the interpreter, the wheels, nothing else -----------------------------------------
-FROM python:3.11.13-slim-bookworm
+FROM ${BASE_IMAGE}
 
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="raygate" \

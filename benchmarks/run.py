@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, fuzz).
+memory, startup, capacity, volcano, fuzz).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -36,8 +36,8 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
-                   choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "fuzz",
-                            "all"])
+                   choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "volcano",
+                            "fuzz", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("capacity")
     c.add_argument("--capacity-jobs", type=_ints, default=[20, 100],
                    help="GPU RayJobs created at once on real capacity, one fresh cluster per figure (default 20,100)")
+    v = p.add_argument_group("volcano")
+    v.add_argument("--volcano-clusters", type=_ints, default=[20],
+                   help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
     s = p.add_argument_group("startup")
     s.add_argument("--startup-runs", type=int, default=3, help="warm `raygate dev up --kuberay` runs")
     return p
@@ -84,13 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         peer_bench,
         reconciler_bench,
         startup_bench,
+        volcano_bench,
         webhook_bench,
     )
 
     benches: dict[str, Callable[[Any], int]] = {
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
-        "capacity": capacity_bench.main, "fuzz": fuzz.main,
+        "capacity": capacity_bench.main, "volcano": volcano_bench.main, "fuzz": fuzz.main,
     }
     names = list(benches) if args.which == "all" else [args.which]
     failed = []

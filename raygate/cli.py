@@ -17,7 +17,7 @@ _Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], N
 
 
 def _registrars() -> list[_Registrar]:
-    from raygate import demo, explain, status
+    from raygate import demo, explain, release, status
     from raygate.certs import cli as certs_cli
     from raygate.devenv import cli as dev_cli
     from raygate.reconciler import cli as reconciler_cli
@@ -31,6 +31,7 @@ def _registrars() -> list[_Registrar]:
         certs_cli.register,
         explain.register,
         status.register,
+        release.register,
         dev_cli.register,
         demo.register,
     ]

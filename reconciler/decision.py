@@ -65,13 +65,16 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
 
 
 def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob",
-         restartable: bool = True) -> Plan:
+         restartable: bool = True, suspend: bool = False) -> Plan:
     """Give up on the job: state Failed with the reason, an Event, its requests and templates deleted.
 
-    The job stays suspended. Relabelling it Pending starts over at attempt 1, unless KubeRay itself
-    refused the job (`restartable` False): then only a new job can run.
+    The job stays suspended (`suspend`: is suspended again, for one that ran). Relabelling it Pending
+    starts over at attempt 1, unless KubeRay itself refused the job (`restartable` False): then only
+    a new job can run.
     """
     b = _builder(w)
+    if suspend:
+        b.set(("spec", "suspend"), True)
     b.set(STATE_PATH, keys.State.FAILED.value)
     b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
     b.remove(_annotation(keys.REQUEST_ANNOTATION))
@@ -130,6 +133,7 @@ class Outcome(StrEnum):
     ADMITTED = "admitted"
     REVOKED_REPORTED = "revoked-reported"
     REQUEUED = "requeued"
+    POD_GROUP_REWRITTEN = "pod-group-rewritten"  # volcano: another writer changed raygate's PodGroup
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,12 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     generation = get(w.obj, GENERATION_PATH)
     if generation is not None:
         b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
+    if needs.pod_group is not None:
+        # Written here rather than by the webhook for a job created with generateName (its name, and so
+        # its PodGroup's, did not exist yet); for any other job it is already in place and adds nothing.
+        # In the patch that unsuspends: no pod of the job can ever be created without it.
+        for _, path in w.template_paths():
+            b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), needs.pod_group.name)
     if request is not None:
         for p in needs.managed:
             if p.template_path is None:
@@ -430,7 +440,34 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
     return plan
 
 
+def _pod_group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Plan | None:
+    """volcano mode: someone else rewrote the PodGroup raygate made for this job (KubeRay's own Volcano
+    integration does, to its own counts): stop the job rather than let Volcano schedule another gang
+    than the one admitted, and delete the group, so that a new start makes it afresh."""
+    try:
+        spec = rules_for(policy.mode).pod_group(w)
+    except ManifestError:
+        return None
+    group = next((g for g in obs.pod_groups if spec is not None and _name(g) == spec.name), None)
+    if spec is None or group is None:
+        return None
+    changes = podgroup.drift(spec.spec, get(group, ("spec",)) or {})
+    if not changes:
+        return None
+    message = (f"PodGroup {spec.name} was rewritten by another writer ({'; '.join(changes)}). KubeRay's own "
+               "Volcano integration (operator flag --batch-scheduler=volcano) updates every PodGroup named "
+               "ray-<name>-pg to its own counts, so Volcano would no longer schedule the gang raygate admitted; "
+               "raygate suspended the job. Where raygate's volcano mode is used, run the KubeRay operator "
+               "without --batch-scheduler (raygate creates the PodGroup), or use provisioning mode")
+    plan = fail(w, obs, message, event_reason="PodGroupRewritten", suspend=True)
+    plan.actions.append(Delete("PodGroup", spec.name))
+    plan.outcome = Outcome.POD_GROUP_REWRITTEN
+    return plan
+
+
 def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
+    if (rewritten := _pod_group_rewritten(w, obs, policy)) is not None:
+        return rewritten
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     plan = Plan(_delete_requests(obs, keep=name), outcome=Outcome.ADMITTED)
     if w.suspended:

@@ -21,7 +21,7 @@ from raygate.devenv import versions as v
 
 KUEUE_METRICS_CERT_DIR_ENV = "RAYGATE_KUEUE_METRICS_CERT_DIR"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "kuberay-operator", "kueue",
-            "kube-scheduler", "kwok", "cluster-autoscaler", "helm")
+            "kube-scheduler", "kwok", "cluster-autoscaler", "helm", "vc-scheduler", "vc-controller-manager")
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class _GoBuild:
     # A module the checksum database does not list: fetched with GONOSUMDB for its path, and its
     # hash checked against this pinned one instead.
     pinned_sum: str | None = None
+    # Dependencies built from a copy of a pinned (checksum-verified) version with files added:
+    # module -> (version, {path in the module: Go source}). For a declaration the version the
+    # module proxy serves lacks; each added file says where its content comes from.
+    additions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
 
     @property
     def outputs(self) -> list[str]:
@@ -223,6 +227,8 @@ def _build(w: _GoBuild, work: Path, out_dir: Path) -> None:
     if w.module_replaces:
         replaces.update(_module_replaces(w, work, nosumdb))
     replaces.update(w.replaces)
+    for module, (version, files) in w.additions.items():
+        replaces[module] = "./" + _with_additions(module, version, files, work, wdir).name
     if replaces:
         lines += ["replace ("] + [f"\t{m} => {target}" for m, target in sorted(replaces.items())] + [")"]
     (wdir / "go.mod").write_text("\n".join(lines) + "\n")
@@ -243,6 +249,21 @@ def _build(w: _GoBuild, work: Path, out_dir: Path) -> None:
         (out_dir / built).rename(out_dir / ours)
 
 
+def _with_additions(module: str, version: str, files: dict[str, str], work: Path, wdir: Path) -> Path:
+    """A writable copy of `module@version` (checked against the checksum database as it downloads)
+    beside the wrapper, with `files` added; an existing file is never overwritten."""
+    dst = wdir / ("added-" + module.replace("/", "_"))
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(download_module(module, version, work), dst)
+    for path in (dst, *dst.rglob("*")):  # the module cache is read-only
+        path.chmod(path.stat().st_mode | 0o200)
+    for rel, text in files.items():
+        if (dst / rel).exists():
+            raise RaygateError(f"{module}@{version} already has {rel}: drop that addition")
+        (dst / rel).write_text(text)
+    return dst
+
+
 def _collect_crds(work: Path, crd_dir: Path) -> list[str]:
     sources = [
         (v.KUBERAY_MODULE, v.KUBERAY_VERSION, "config/crd/bases", "ray.io_*.yaml"),
@@ -260,6 +281,17 @@ def _collect_crds(work: Path, crd_dir: Path) -> list[str]:
             shutil.copyfile(f, crd_dir / f.name)
             names.append(f.name)
     return names
+
+
+# The one declaration Volcano v1.15.1 uses that volcano.sh/apis v1.14.0 lacks: the scheduling gate of
+# its SchedulingGatesQueueAdmission feature (off by default, and off here). Value as Volcano's design
+# doc docs/design/scheduling-gates-queue-admission.md (in the v1.15.1 module) defines it.
+VOLCANO_APIS_ADDITIONS = {"pkg/apis/scheduling/v1beta1/raygate_added.go": (
+    "// Added by raygate's build (raygate/devenv/build.py): declared by volcano.sh/apis after v1.14.0.\n\n"
+    "package v1beta1\n\n"
+    "// QueueAllocationGateKey is the scheduling gate Volcano's queue admission removes.\n"
+    'const QueueAllocationGateKey = GroupName + "/queue-allocation-gate"\n'
+)}
 
 
 def _builds() -> list[_GoBuild]:
@@ -304,6 +336,13 @@ def _builds() -> list[_GoBuild]:
             "cluster-autoscaler", v.AUTOSCALER_MODULE, v.AUTOSCALER_VERSION, [v.AUTOSCALER_MODULE],
             module_replaces=True, tags=["kwok"], pinned_sum=v.AUTOSCALER_SUM,
             replaces={v.AUTOSCALER_APIS_MODULE: f"{v.AUTOSCALER_APIS_MODULE} {v.AUTOSCALER_BUILD_APIS_VERSION}"},
+        ),
+        # Volcano mode for real: the Volcano scheduler gang-binds pods; its controller-manager opens queues.
+        _GoBuild(
+            "volcano", v.VOLCANO_MODULE, v.VOLCANO_VERSION,
+            [f"{v.VOLCANO_MODULE}/cmd/scheduler", f"{v.VOLCANO_MODULE}/cmd/controller-manager"],
+            module_replaces=True, renames={"scheduler": "vc-scheduler", "controller-manager": "vc-controller-manager"},
+            additions={v.VOLCANO_APIS_MODULE: (v.VOLCANO_BUILD_APIS_VERSION, VOLCANO_APIS_ADDITIONS)},
         ),
     ]
 

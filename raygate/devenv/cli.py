@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--capacity", action="store_true",
                     help="also run kube-scheduler, KWOK and cluster-autoscaler (kwok provider, ProvisioningRequests "
                          "on) with CPU nodes and a GPU node group that starts at zero")
+    up.add_argument("--volcano", action="store_true",
+                    help="also run the Volcano scheduler and controller-manager (queues, PodGroups) and the Job "
+                         "controller; implies --capacity (Volcano binds pods to its KWOK nodes)")
     up.add_argument("--gpu-nodes-max", type=int, default=None, metavar="N",
                     help="largest size of the GPU node group (default: 4 nodes of 4 GPUs)")
     up.add_argument("--fresh", action="store_true",
@@ -66,11 +69,16 @@ def _up(args: argparse.Namespace) -> int:
     if args.fresh:
         cp.wipe()
     state = cp.up(kuberay=args.kuberay or args.raygate, apiserver_port=args.port)
-    if args.capacity or args.raygate or args.gpu_nodes_max is not None:
+    if args.capacity or args.raygate or args.volcano or args.gpu_nodes_max is not None:
         from raygate.devenv.capacity import Layout, start_capacity
 
         layout = Layout() if args.gpu_nodes_max is None else Layout(gpu_nodes_max=args.gpu_nodes_max)
         print(f"dev: capacity: {start_capacity(cp, state, layout).describe()}")
+    if args.volcano:
+        from raygate.devenv.volcano import describe, start_volcano
+
+        start_volcano(cp, state)
+        print(f"dev: {describe()}")
     if args.raygate:
         from raygate.devenv.raygate_local import start_raygate
 
@@ -94,10 +102,14 @@ def _env(args: argparse.Namespace) -> int:
         raise RaygateError(f"no control plane in {cp.workdir}: run `raygate dev up` first")
     print(f"# kube-apiserver https://127.0.0.1:{state.apiserver_port}")
     for name, pid in state.pids.items():
-        print(f"# {name:<22} pid {pid:<8} {'running' if alive(pid) else 'EXITED: see ' + str(cp.logs / name)}.log")
+        print(f"# {name:<23} pid {pid:<8} {'running' if alive(pid) else f'EXITED: see {cp.logs / name}.log'}")
     layout = layout_of(state)
     if layout is not None:
         print(f"# capacity: {layout.describe()}")
+    if "volcano" in state.extra:
+        from raygate.devenv.volcano import describe
+
+        print(f"# volcano: {describe()}")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     return 0
 

@@ -31,6 +31,10 @@ from raygate.devenv.build import Bundle
 SERVICE_CIDR = "10.96.0.0/16"
 STATE_FILE = "state.json"
 ADMIN_USER = "raygate-dev-admin"
+# kube-controller-manager's controllers; node-lifecycle takes the not-ready taint (set on every new
+# node) off once KWOK reports it Ready. Others (the Job controller) join on request.
+CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
+               "node-lifecycle-controller")
 
 
 def free_port() -> int:
@@ -308,21 +312,7 @@ class ControlPlane:
         ])
         self.wait_for(state, "etcd", lambda: True, 1)
         self.wait_for(state, "kube-apiserver", lambda: self._ready(state), 60)
-        self.spawn(state, "kube-controller-manager", [
-            str(b("kube-controller-manager")),
-            f"--kubeconfig={self.kubeconfig}",
-            f"--authentication-kubeconfig={self.kubeconfig}",
-            f"--authorization-kubeconfig={self.kubeconfig}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            "--leader-elect=false",
-            # node-lifecycle: takes the not-ready taint (set on every new node) off once KWOK reports it Ready.
-            "--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,"
-            "node-lifecycle-controller",
-            f"--root-ca-file={p / 'ca.crt'}",
-            f"--service-account-private-key-file={p / 'sa.key'}",
-            "--concurrent-gc-syncs=5",
-        ])
+        self.start_controller_manager(state)
         self.install_crds()
         # Kept data may still register a raygate webhook by the URL of one that no longer runs (a `down`
         # that never happened): every create would fail. `up --raygate` registers it anew.
@@ -331,6 +321,33 @@ class ControlPlane:
         unregister_webhook(self)
         if kuberay:
             self.start_kuberay(state)
+
+    def start_controller_manager(self, state: State, extra: tuple[str, ...] = ()) -> None:
+        """kube-controller-manager with the controllers the local stack needs, plus `extra` ones; a
+        running one that lacks any of them is restarted with them (it reads the list only at start)."""
+        controllers = [*CONTROLLERS, *(c for c in extra if c not in CONTROLLERS)]
+        running = state.extra.get("kcm-controllers", "").split(",")
+        if "kube-controller-manager" in state.pids and alive(state.pids["kube-controller-manager"]):
+            if set(controllers) <= set(running):
+                return
+            self.stop_process("kube-controller-manager", state)
+            controllers = [*running, *(c for c in controllers if c not in running)]
+        p = self.pki
+        self.spawn(state, "kube-controller-manager", [
+            str(self.bundle.binary("kube-controller-manager")),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--leader-elect=false",
+            f"--controllers={','.join(controllers)}",
+            f"--root-ca-file={p / 'ca.crt'}",
+            f"--service-account-private-key-file={p / 'sa.key'}",
+            "--concurrent-gc-syncs=5",
+        ])
+        state.extra["kcm-controllers"] = ",".join(controllers)
+        self.save_state(state)
 
     def install_crds(self) -> None:
         """Server-side apply of every pinned CRD (the KubeRay CRDs exceed the annotation size limit of

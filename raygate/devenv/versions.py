@@ -16,6 +16,10 @@ ETCD_VERSION = "v3.6.16"
 KUBERAY_VERSION = "v1.6.2"
 KUEUE_VERSION = "v0.19.2"
 VOLCANO_VERSION = "v1.15.1"
+# Volcano's go.mod points volcano.sh/apis at a directory inside its repository that the module zip
+# leaves out, and the module proxy here refuses apis v1.14.1 and later ("not available"): the scheduler
+# and controller-manager build against the newest apis it serves (their CRDs still come from v1.15.1).
+VOLCANO_BUILD_APIS_VERSION = "v1.14.0"
 HELM_VERSION = "v3.19.0"  # the helm CLI for the chart tests; not part of bundle_id (added to a cache in place)
 # The ProvisioningRequest API module has no release tags; this is the commit Kueue v0.19.2 pins.
 AUTOSCALER_APIS_VERSION = "v0.0.0-20240830133931-adfbe7e45277"
@@ -33,6 +37,7 @@ ETCD_MODULE = "go.etcd.io/etcd/server/v3"
 KUBERAY_MODULE = "github.com/ray-project/kuberay/ray-operator"
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 VOLCANO_MODULE = "volcano.sh/volcano"
+VOLCANO_APIS_MODULE = "volcano.sh/apis"
 AUTOSCALER_APIS_MODULE = "k8s.io/autoscaler/cluster-autoscaler/apis"
 AUTOSCALER_MODULE = "k8s.io/autoscaler/cluster-autoscaler"
 KWOK_MODULE = "sigs.k8s.io/kwok"

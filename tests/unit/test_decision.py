@@ -212,6 +212,36 @@ MUTATIONS = [
         },
     ),
     Mutation(
+        # The PodGroup's name follows the object's, which the API server picks after this webhook: the
+        # reconciler writes the group name when it unsuspends, and no one else may (a user's is removed).
+        "volcano_generate_name_admitted_without_a_group_name_until_the_reconciler_names_it",
+        gpu_job().generate_name("job-").obj(),
+        config(mode="volcano"),
+        expect={
+            SUSPEND: True, STATE: "Pending", MODE: "volcano", VOLCANO_Q: "default",
+            sched(JOB_HEAD): "volcano", sched(JOB_WORKER0): "volcano", sched(SUBMITTER): "volcano",
+            ann(JOB_WORKER0, keys.VOLCANO_TASK_SPEC_ANNOTATION): "gpu",
+        },
+        absent=(ann(JOB_HEAD, keys.VOLCANO_GROUP_NAME_ANNOTATION), ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION),
+                ann(SUBMITTER, keys.VOLCANO_GROUP_NAME_ANNOTATION)),
+    ),
+    Mutation(
+        "volcano_generate_name_group_name_a_user_wrote_is_removed",
+        gpu_job().generate_name("job-").set(*JOB_WORKER0, "metadata", value={
+            "annotations": {keys.VOLCANO_GROUP_NAME_ANNOTATION: "ray-someone-elses-pg"}}).obj(),
+        config(mode="volcano"),
+        expect={SUSPEND: True, sched(JOB_WORKER0): "volcano"},
+        absent=(ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION),),
+    ),
+    Mutation(
+        "volcano_generate_name_beside_a_name_still_left_to_the_reconciler",
+        gpu_job().generate_name("job-").set("metadata", "name", value="job").obj(),
+        config(mode="volcano"),
+        expect={SUSPEND: True, sched(JOB_WORKER0): "volcano"},
+        absent=(ann(JOB_HEAD, keys.VOLCANO_GROUP_NAME_ANNOTATION),
+                ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION)),
+    ),
+    Mutation(
         "volcano_user_submitter_template_annotated_and_kept",
         gpu_job().submitter(pod_template(container("submit", requests={"cpu": "100m"}))).obj(),
         config(mode="volcano"),
@@ -540,8 +570,6 @@ REFUSALS = [
             config(maxGang={"memory": "4Gi"})),
     Refusal("max_gang_counts_the_whole_gang_in_volcano_mode", gpu_job().obj(), "nvidia.com/gpu",
             config(mode="volcano", maxGang={"nvidia.com/gpu": "1"})),
-    Refusal("volcano_generate_name_cannot_name_the_pod_group", gpu_job().generate_name("job-").obj(),
-            "set a name instead of generateName", config(mode="volcano")),
     Refusal("deletion_rules_cannot_be_suspended_by_kuberay",
             gpu_job().set("spec", "deletionStrategy", value={"deletionRules": [
                 {"policy": "DeleteCluster", "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": 60}}]}).obj(),
@@ -768,6 +796,23 @@ def _held_volcano() -> dict[str, Any]:
     return applied(obj, decide(obj, config(mode="volcano")))
 
 
+def _held_generated() -> dict[str, Any]:
+    """A volcano-mode job created with generateName, as stored: named by the API server, held, and
+    without the group name the reconciler writes when it unsuspends."""
+    obj = gpu_job().generate_name("job-").obj()
+    out = applied(obj, decide(obj, config(mode="volcano")))
+    out["metadata"]["name"] = "job-x7k2p"
+    return out
+
+
+def test_a_generate_name_job_validates_as_stored_once_the_api_server_named_it() -> None:
+    stored = _held_generated()
+    assert validate(request(stored), OPTED_IN, config(mode="volcano")).allowed
+    named_by_someone = _edit(stored, ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION), "ray-other-pg")
+    d = validate(request(named_by_someone), OPTED_IN, config(mode="volcano"))
+    assert not d.allowed and "without raygate's hold" in (d.message or "")
+
+
 def _held() -> RayJob:
     return gpu_job().held()
 
@@ -824,6 +869,15 @@ GUARDS = [
     Guard("user_changes_template_group_name", _held_volcano(),
           _edit(_held_volcano(), ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION), "other"), False,
           says="scheduling metadata"),
+    Guard("user_writes_the_group_name_of_a_generated_name_job_before_raygate", _held_generated(),
+          _edit(_held_generated(), ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION), "ray-job-x7k2p-pg"), False,
+          says="scheduling metadata"),
+    Guard("user_unsuspends_a_generated_name_job_before_raygate_named_its_group", _held_generated(),
+          _edit(_held_generated(), SUSPEND, False), False, says="unsuspend it"),
+    Guard("reconciler_names_the_group_and_unsuspends_a_generated_name_job", _held_generated(),
+          _edit(_edit(_edit(_held_generated(), ann(JOB_HEAD, keys.VOLCANO_GROUP_NAME_ANNOTATION), "ray-job-x7k2p-pg"),
+                      ann(JOB_WORKER0, keys.VOLCANO_GROUP_NAME_ANNOTATION), "ray-job-x7k2p-pg"), SUSPEND, False),
+          True, user=TRUSTED),
     Guard("user_changes_template_scheduler", _held_volcano(),
           _edit(_held_volcano(), sched(JOB_HEAD), "default-scheduler"), False, says="scheduling metadata"),
     Guard("user_adds_consume_annotation", _held().obj(),

@@ -78,3 +78,14 @@ def test_image_user_matches_the_manifests() -> None:
         assert deploy["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == int(uid), name
     entrypoint = [w for w in final_stage if w[0] == "ENTRYPOINT"]
     assert entrypoint and " ".join(entrypoint[-1][1:]) == '["raygate"]'
+
+
+def test_every_stage_builds_from_the_base_image_argument() -> None:
+    """`make image` passes its Debian-bootstrapped base as BASE_IMAGE; a stage naming its own base
+    would need a registry, and the default must stay the public Python 3.11 image."""
+    words = _instructions()
+    first_from = next(i for i, w in enumerate(words) if w[0] == "FROM")
+    args = dict(w[1].split("=", 1) for w in words[:first_from] if w[0] == "ARG" and "=" in w[1])
+    assert args.get("BASE_IMAGE", "").startswith("python:3.11"), args
+    bases = [w[1] for w in words if w[0] == "FROM"]
+    assert len(bases) == 2 and set(bases) == {"${BASE_IMAGE}"}, bases

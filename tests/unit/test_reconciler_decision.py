@@ -11,9 +11,10 @@ import pytest
 from builders import RayJob
 
 from raygate.core import keys
+from raygate.core.modes import volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
-from raygate.reconciler import children, decision
+from raygate.reconciler import children, decision, podgroup
 from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan
 from raygate.reconciler.podgroup import QueueState
 
@@ -327,6 +328,112 @@ def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
     after = applied(w, plan)
     assert after["metadata"]["annotations"][keys.REASON_ANNOTATION] == (
         "admitted: PodGroup ray-train-pg in Volcano queue team-a gang-schedules the pods")
+
+
+def _group_names(obj: dict[str, Any]) -> dict[str, Any]:
+    w = Workload(obj)
+    return {task: (((obj_get(obj, path) or {}).get("metadata") or {}).get("annotations") or {}).get(
+        keys.VOLCANO_GROUP_NAME_ANNOTATION) for task, path in w.template_paths()}
+
+
+def obj_get(obj: Any, path: tuple[str | int, ...]) -> Any:
+    for part in path:
+        obj = obj[part]
+    return obj
+
+
+def generated_volcano_job() -> Workload:
+    """A job created with generateName in volcano mode, as stored: the webhook could not name its group."""
+    w, _, _ = volcano_job(True)
+    obj = json.loads(json.dumps(w.obj))
+    obj["metadata"]["name"] = "train-x7k2p"
+    obj["spec"]["submitterPodTemplate"] = {"spec": {"containers": [{"name": "s", "image": "ray"}]}}
+    return Workload(obj)
+
+
+@pytest.mark.parametrize("provision", [False, True], ids=["volcano", "volcano-with-provisioning"])
+def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_unsuspends(provision: bool) -> None:
+    w = generated_volcano_job()
+    assert set(_group_names(w.obj).values()) == {None}
+    pol = policy(mode="volcano", provisioning={"enabled": provision})
+    obs = Observed(queue=QueueState("team-a", "Open"))
+    if provision:  # Provisioned: the request raygate made for it
+        plan = decision.decide(w, obs, pol, NOW)
+        w = Workload(applied(w, plan))
+        pg = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodGroup")
+        name = w.annotations[keys.REQUEST_ANNOTATION]
+        gang = decision.needs_of(w, pol)
+        pr = children.provisioning_request(w, list(gang.managed), pol, 1, "v1", gang.fingerprint)
+        pr["metadata"]["creationTimestamp"] = "2030-01-01T11:59:59Z"
+        pr["status"] = {"conditions": [{"type": t, "status": "True"} for t in ("Accepted", "Provisioned")]}
+        assert pr["metadata"]["name"] == name
+        obs = Observed(requests=(pr,), pod_groups=(pg,))
+    plan = decision.decide(w, obs, pol, NOW)
+    admits = [a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit"]
+    assert len(admits) == 1
+    unsuspends = [op for a in plan.actions if isinstance(a, PatchJob) for op in a.ops
+                  if op["path"] == "/spec/suspend" and op.get("value") is False]
+    assert len(unsuspends) == 1 and unsuspends[0] in admits[0].ops
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is False
+    assert _group_names(after) == {"headgroup": "ray-train-x7k2p-pg", "gpu": "ray-train-x7k2p-pg",
+                                   "submittergroup": "ray-train-x7k2p-pg"}
+
+
+def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhook_wrote() -> None:
+    w = generated_volcano_job()
+    named = json.loads(json.dumps(w.obj))
+    for _, path in w.template_paths():
+        obj_get(named, path).setdefault("metadata", {}).setdefault("annotations", {})[
+            keys.VOLCANO_GROUP_NAME_ANNOTATION] = "ray-train-x7k2p-pg"
+    plan = decision.decide(Workload(named), Observed(queue=QueueState("team-a", "Open")), policy(mode="volcano"), NOW)
+    admit = next(a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit")
+    assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
+
+
+RECORDED = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue": "team-a",
+            "minResources": {"cpu": "3", "memory": "6Gi", "nvidia.com/gpu": "2"}}
+
+
+@pytest.mark.parametrize(("actual", "changed"), [
+    (RECORDED, []),
+    ({**RECORDED, "minResources": {"cpu": "3000m", "memory": "6144Mi", "nvidia.com/gpu": "2"}}, []),
+    ({**RECORDED, "minMember": 2}, ["minMember 3 -> 2"]),
+    ({**RECORDED, "minMember": 0, "minResources": {}}, ["minMember 3 -> 0", "minResources"]),
+    ({**RECORDED, "minResources": {"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"}}, ["minResources"]),
+    ({**RECORDED, "queue": "default"}, ["queue team-a -> default"]),
+    ({**RECORDED, "minTaskMember": {}}, ["minTaskMember"]),
+], ids=["same", "same-spelled-otherwise", "min-member", "reset-on-suspend", "min-resources", "queue",
+        "min-task-member"])
+def test_pod_group_drift(actual: dict[str, Any], changed: list[str]) -> None:
+    from raygate.reconciler.podgroup import drift
+
+    found = drift(RECORDED, actual)
+    assert len(found) == len(changed)
+    for words, line in zip(changed, found, strict=True):
+        assert line.startswith(words)
+
+
+def admitted_volcano_job() -> Workload:
+    return job("Admitted", suspend=False, annotations={keys.MODE_ANNOTATION: "volcano",
+                                                        keys.POD_GROUP_ANNOTATION: json.dumps(RECORDED)})
+
+
+def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
+    w = admitted_volcano_job()
+    spec = volcano.pod_group(w)
+    assert spec is not None
+    ours = podgroup.pod_group(w, spec)
+    plan = decision.decide(w, Observed(pod_groups=(ours,)), policy(mode="volcano"), NOW)
+    assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
+    rewritten = json.loads(json.dumps(ours))
+    rewritten["spec"].update(minMember=2, minResources={"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"})
+    plan = decision.decide(w, Observed(pod_groups=(rewritten,)), policy(mode="volcano"), NOW)
+    assert kinds(plan) == ["patch fail", "event PodGroupRewritten", "delete PodGroup ray-train-pg"]
+    after = applied(w, plan)
+    assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    reason = after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    assert "minMember 3 -> 2" in reason and "--batch-scheduler=volcano" in reason
 
 
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:

@@ -3,6 +3,11 @@
 The webhook records the spec in an annotation (`apply`); the reconciler reads it back (`pod_group`)
 and creates the PodGroup from it. Pods find it through the group-name annotation on every pod
 template, the submitter's included, so the whole gang schedules together.
+
+With `metadata.generateName` the name (and so the PodGroup's, `ray-<name>-pg`) is chosen by the API
+server after this webhook has answered. Everything else is written here; the group-name annotation
+is written by the reconciler in the patch that unsuspends the job, so no pod is ever created
+without it (and the guard keeps anyone else from unsuspending the job or writing the annotation).
 """
 
 from __future__ import annotations
@@ -32,14 +37,7 @@ class PodGroupSpec:
 
 
 def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-    if problems := provisioning.refusals(w, policy, gang):
-        return problems
-    if not get(w.obj, ("metadata", "name")):
-        # With generateName the name is chosen after admission, so the PodGroup name written into
-        # every pod template (ray-<name>-pg) cannot be known here.
-        return [f"volcano mode needs metadata.name to name the PodGroup: set a name instead of generateName "
-                f"{get(w.obj, ('metadata', 'generateName'))!r}"]
-    return []
+    return provisioning.refusals(w, policy, gang)
 
 
 def pod_group_spec(w: Workload, policy: NamespacePolicy, gang: Gang, queue_name: str) -> dict[str, Any]:
@@ -83,9 +81,16 @@ def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> 
     if w.is_job and w.submission_mode == "K8sJobMode" and not get(w.obj, ("spec", "submitterPodTemplate")):
         b.set(("spec", "submitterPodTemplate"), default_submitter_template(w))
         templates.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
+    # With generateName the name is picked after the mutating webhooks (the validating ones see it): the
+    # same rule on both sides, so a stored object validates as it was mutated.
+    named = not get(w.obj, ("metadata", "generateName"))
     for task, path in templates:
         b.set((*path, "spec", "schedulerName"), keys.VOLCANO_SCHEDULER)
-        b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), w.pod_group_name)
+        group_name = (*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION)
+        if named:
+            b.set(group_name, w.pod_group_name)
+        else:  # generateName: the reconciler names the group when it unsuspends; nobody else may
+            b.remove(group_name)
         b.set((*path, "metadata", "annotations", keys.VOLCANO_TASK_SPEC_ANNOTATION), task)
     spec = pod_group_spec(w, policy, gang, queue_name)
     b.set(("metadata", "annotations", keys.POD_GROUP_ANNOTATION), json.dumps(spec, sort_keys=True))
