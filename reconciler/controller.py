@@ -75,12 +75,9 @@ def slim(obj: JSON) -> JSON:
 
 
 def child_view(obj: JSON) -> JSON:
-    """What the reconciler reads of a child: its metadata (name, owner, the pod-sets annotation,
-    creation time) and status (a request's conditions). A PodTemplate's template is most of it."""
-    view: JSON = {"metadata": slim(obj).get("metadata") or {}}
-    if "status" in obj:
-        view["status"] = obj["status"]
-    return view
+    """A child as the reconciler keeps it: without managedFields and without a PodTemplate's
+    template, most of it and never read back (a PodGroup's spec and a request's status are)."""
+    return {k: v for k, v in slim(obj).items() if k != "template"}
 
 
 # A request with one of these conditions True asks for one patch of its job (admit, retry or give up):

@@ -60,9 +60,10 @@ def test_a_bookmark_changes_nothing_and_an_error_asks_for_a_relist() -> None:
     ({"metadata": {"name": "t", "managedFields": []}, "template": {"spec": {"containers": []}}},
      {"metadata": {"name": "t"}}),
     ({"metadata": {"name": "r"}, "spec": {"podSets": []}, "status": {"conditions": []}},
-     {"metadata": {"name": "r"}, "status": {"conditions": []}}),
+     {"metadata": {"name": "r"}, "spec": {"podSets": []}, "status": {"conditions": []}}),
+    ({"metadata": {"name": "pg"}, "spec": {"minMember": 3}}, {"metadata": {"name": "pg"}, "spec": {"minMember": 3}}),
 ])
-def test_a_child_is_cached_as_its_metadata_and_status(obj: dict[str, Any], view: dict[str, Any]) -> None:
+def test_a_child_is_cached_without_a_templates_bulk(obj: dict[str, Any], view: dict[str, Any]) -> None:
     assert child_view(obj) == view
 
 
