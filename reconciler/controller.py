@@ -49,10 +49,10 @@ JobKey = tuple[str, str, str]  # (kind, namespace, name)
 ChildKey = tuple[str, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
-REQUEUE_SLACK = 0.05
+REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 # Objects per page of a cache's initial list: all caches list at once on start, and a parsed page of
 # RayJobs is about 40 KB per job before it is compacted (500 a page: 20 MB at once per cache).
-LIST_PAGE = 100  # requeue just after a deadline, not just before it
+LIST_PAGE = 100
 
 
 @dataclass(frozen=True)
