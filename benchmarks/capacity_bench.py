@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -110,16 +109,8 @@ def run_one(n: int, timeout: float) -> dict[str, Any]:
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         names = [f"train-{i:03d}" for i in range(n)]
-        created: dict[str, float] = {}
-
-        def create(name: str) -> None:
-            kube.create(RAYJOBS, rayjob(name), NAMESPACE)
-            created[name] = time.monotonic()  # the create returned: the webhook has held it
-
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(create, names))
-        create_seconds = time.monotonic() - t0
+        created, t0, create_seconds = common.create_all(
+            names, lambda name: kube.create(RAYJOBS, rayjob(name), NAMESPACE))
         marks = _observe(kube, created, timeout)
         nodes = kube.list(NODES).get("items") or []
         gpu_nodes = sum(1 for o in nodes if (o["metadata"].get("labels") or {}).get(NODE_GROUP_LABEL) == GPU_GROUP)

@@ -14,8 +14,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Sized
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -107,6 +108,41 @@ def targets_table(targets: Sequence[Target]) -> str:
 
 
 # --- machine and report ------------------------------------------------------------------------
+
+def create_all(names: Sequence[str], create: Callable[[str], object]) -> tuple[dict[str, float], float, float]:
+    """Create every object at once from 8 clients: (when each create returned, the start, seconds taken).
+
+    A create has returned once the webhook has answered, so the job is held from that instant."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    created: dict[str, float] = {}
+
+    def one(name: str) -> None:
+        create(name)
+        created[name] = time.monotonic()
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, names))
+    return created, t0, time.monotonic() - t0
+
+
+def wait_all(changed: threading.Condition, seen: Sized, total: int, timeout: float, label: str) -> bool:
+    """Wait (notified through `changed`) until `seen` holds `total` entries; say how far it got every 10 s."""
+    deadline = time.monotonic() + timeout
+    last_report = time.monotonic()
+    with changed:
+        while len(seen) < total:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print(f"bench: gave up waiting: {len(seen)} of {total} jobs {label}", flush=True)
+                return False
+            changed.wait(min(left, 1.0))
+            if time.monotonic() - last_report > 10:
+                print(f"bench: {len(seen)} of {total} jobs {label}", flush=True)
+                last_report = time.monotonic()
+    return True
+
 
 def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]

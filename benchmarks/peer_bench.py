@@ -149,19 +149,7 @@ class Tracker:
         self.changed.notify_all()
 
     def wait(self, what: dict[str, float], timeout: float, label: str) -> bool:
-        deadline = time.monotonic() + timeout
-        last = time.monotonic()
-        with self.changed:
-            while len(what) < len(self.names):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    print(f"bench: gave up waiting: {len(what)} of {len(self.names)} jobs {label}", flush=True)
-                    return False
-                self.changed.wait(min(left, 1.0))
-                if time.monotonic() - last > 10:
-                    print(f"bench: {len(what)} of {len(self.names)} jobs {label}", flush=True)
-                    last = time.monotonic()
-        return True
+        return common.wait_all(self.changed, what, len(self.names), timeout, label)
 
 
 # --- one side on one control plane -----------------------------------------------------------------
