@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
+from raygate.core.policy import Mode
 
 if TYPE_CHECKING:
     from raygate.core.workload import JSON
     from raygate.kube.client import Kube, Resource
 
 RELEASABLE_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
-VOLCANO_MODE = "volcano"
-KUEUE_MODE = "kueue"
 # Jobs first, so a child is never deleted before the patch that releases its job succeeded.
 CHILD_KINDS = ("ProvisioningRequest", "PodTemplate", "PodGroup")
 
@@ -121,7 +120,7 @@ def child_of(kind: str, obj: Mapping[str, Any]) -> Child:
 
 
 def _skip_reason(mode: str, labels: Mapping[str, str]) -> str | None:
-    if mode == KUEUE_MODE or keys.KUEUE_QUEUE_LABEL in labels:
+    if mode == Mode.KUEUE or keys.KUEUE_QUEUE_LABEL in labels:
         return ("Kueue owns spec.suspend of this job (kueue mode or a Kueue queue label): Kueue admits it, "
                 "raygate's release never unsuspends it")
     return None
@@ -152,7 +151,7 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
             item.action, item.why = "skip", skip
         elif delete:
             item.delete_children = mine
-        elif mode == VOLCANO_MODE:
+        elif mode == Mode.VOLCANO:
             groups = [c for c in mine if c.kind == "PodGroup"]
             if not groups:
                 item.action = "skip"
