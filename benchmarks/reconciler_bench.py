@@ -20,7 +20,13 @@
    for a few seconds, once with status patches of the requests (what the autoscaler writes) and once
    with patches of the jobs (what the reconciler writes; each goes through raygate's validating
    webhook). Writes/s and the cores kube-apiserver and etcd used: the ceiling the burst runs into.
-6. With --profile, py-spy samples the reconciler through both phases (where its CPU goes).
+6. Where a job's time went inside the reconciler, from its own metrics scraped at the phase
+   boundaries: the wait in its work queue for a worker and the latency of its API requests. With
+   the probe's costs per write, a small model says what delay the API server allows: while W
+   writers set Provisioned, the server shares its cores among everything in flight, so raygate
+   keeps about W * (job patch cost / status patch cost) patches in flight and each job waits about
+   W * (1 + that ratio) / (admissions/s) after its status patch is sent.
+7. With --profile, py-spy samples the reconciler through both phases (where its CPU goes).
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ WRITES_TARGET = 6.0
 PROBE_SECONDS = 5.0
 RSS_TARGET_MB = 200.0
 CLIENT_THREADS = 16
+STATUS_WRITERS = CLIENT_THREADS // 2  # phase 2: threads playing the autoscaler, each patching as fast as it can
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"})
 _METRIC = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+]+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -167,6 +174,63 @@ def scrape_writes(cp: Any) -> Counter[tuple[str, str, str, str]]:
 
 def _delta(after: Counter[Any], before: Counter[Any]) -> Counter[Any]:
     return Counter({k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0) > 0})
+
+
+# --- the reconciler's own view -----------------------------------------------------------------------
+
+def reconciler_metrics(cp: Any) -> dict[str, dict[str, float]]:
+    """The reconciler's latency histograms as {series: {le or "sum"/"count": value}}, from its /metrics
+    (its port is in its start-up log line)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lines = [ln for ln in (cp.logs / "raygate-reconciler.log").read_text().splitlines() if '"metrics_port"' in ln]
+    if not lines:
+        return {}
+    port = orjson.loads(lines[-1])["metrics_port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in ("raygate_reconciler_queue_wait_seconds", "raygate_reconciler_api_request_seconds"):
+            continue
+        for sample in family.samples:
+            series = family.name.removeprefix("raygate_reconciler_") + (
+                f" {sample.labels['method']}" if "method" in sample.labels else "")
+            part = sample.labels.get("le") or sample.name.rsplit("_", 1)[-1]
+            if part in ("created", "seconds"):
+                continue
+            out.setdefault(series, {})[part] = sample.value
+    return out
+
+
+def latency_between(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, JSON]:
+    """Per series, for the observations made between two scrapes: count, mean, and the bucket bound
+    the 99th percentile falls under."""
+    out: dict[str, JSON] = {}
+    for series, now in after.items():
+        then = before.get(series, {})
+        count = now.get("count", 0) - then.get("count", 0)
+        if count <= 0:
+            continue
+        bounds = sorted((float(le), now[le] - then.get(le, 0)) for le in now if le not in ("sum", "count"))
+        p99 = next((b for b, n in bounds if n >= 0.99 * count), float("inf"))
+        out[series] = {"count": int(count), "mean_s": (now.get("sum", 0) - then.get("sum", 0)) / count,
+                       "p99_under_s": p99}
+    return out
+
+
+def predicted_delay(probe: dict[str, Any], writers: int) -> JSON:
+    """The model in the module docstring, from the probe's control-plane CPU per write."""
+    cost = {k: p["cpu_ms_per_write"].get("kube-apiserver", 0) + p["cpu_ms_per_write"].get("etcd", 0)
+            for k, p in probe.items()}
+    status, patch, event = cost["request status patch"], cost["job patch by the reconciler"], cost["Event"]
+    if not status:
+        return {}
+    rate = 2000 / (status + patch + event)
+    ratio = patch / status
+    return {"writers": writers, "job_to_status_cost": ratio, "admissions_per_s": rate,
+            "raygate_patches_in_flight": writers * ratio, "delay_s": writers * (1 + ratio) / rate,
+            "writers_for_250ms": 0.25 * rate / (1 + ratio)}
 
 
 # --- the flow ------------------------------------------------------------------------------------
@@ -375,6 +439,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
         raise BenchError("the benchmark's own Lease watch did not sync")
     manifests = [rayjob(n, NAMESPACE) for n in names]
     writes0 = scrape_writes(cp)
+    inside0 = reconciler_metrics(cp)
     t_w0 = time.monotonic()
     cpu0 = _cpu_by_process(cp)
     bench_writes: Counter[str] = Counter()
@@ -408,6 +473,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
     t_provisioning = max(tracker.provisioning.values(), default=float("nan"))
     time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
     writes1 = scrape_writes(cp)
+    inside1 = reconciler_metrics(cp)
     t_w1 = time.monotonic()
     cpu1 = _cpu_by_process(cp)
     profiles: dict[str, Any] = {}
@@ -429,7 +495,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
         sent[job], returned[job] = t0, time.monotonic()
 
     t_patch = time.monotonic()
-    with ThreadPoolExecutor(CLIENT_THREADS // 2) as pool:
+    with ThreadPoolExecutor(STATUS_WRITERS) as pool:
         list(pool.map(provision, sorted(targets.items())))
     t_patched = time.monotonic()
     sub = pr_res.plural
@@ -439,6 +505,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
     tracker.wait(tracker.admitted, 10 if all_unsuspended else 1, "labelled Admitted")
     time.sleep(3)  # trailing writes (Events, annotations) of the last admissions
     writes2 = scrape_writes(cp)
+    inside2 = reconciler_metrics(cp)
     t_w2 = time.monotonic()
     cpu2 = _cpu_by_process(cp)
     if profiler:
@@ -494,6 +561,8 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
                    "phase2": round(cpu2.get(name, 0) - cpu1.get(name, 0), 2)} for name in cpu2},
         "phase_seconds": {"phase1": t_w1 - t_w0, "phase2": t_w2 - t_w1},
         "api_server_probe": probe,
+        "inside_reconciler": {"phase1": latency_between(inside0, inside1), "phase2": latency_between(inside1, inside2)},
+        "model": predicted_delay(probe, STATUS_WRITERS),
         "profiles": profiles,
     }
 
@@ -544,6 +613,29 @@ def probe_table(probe: dict[str, Any], jobs: int) -> str:
         f"\nOne admission costs the control plane {per_admission:.1f} ms of CPU (status patch + the reconciler's job "
         f"patch + Event; apiserver + etcd):\non 2 cores and nothing else running, at most {ceiling:.0f} admissions/s; "
         f"{jobs:,} provisioned at once need {jobs / ceiling:.1f} s at the least." if per_admission else "")
+
+
+def inside_table(flow: JSON) -> str:
+    """Queue wait and API latency per phase from the reconciler's metrics, then the model's figure."""
+    rows = []
+    for phase, label in (("phase1", "creates"), ("phase2", "Provisioned")):
+        for series, s in sorted(flow["inside_reconciler"][phase].items()):
+            rows.append([label, series, f"{s['count']:,}", f"{s['mean_s'] * 1000:.0f}",
+                         f"<= {s['p99_under_s'] * 1000:.0f}" if s["p99_under_s"] != float("inf") else "> 30000"])
+    text = common.table(["phase", "what (reconciler metrics)", "count", "mean ms", "p99 ms"], rows,
+                        "Where a job's time went inside the reconciler")
+    m = flow.get("model") or {}
+    if m:
+        d = flow["delay_from_patch_sent_s"]
+        text += (
+            f"\nThe API server's wall: {m['writers']} writers set Provisioned; a job patch costs "
+            f"{m['job_to_status_cost']:.1f}x a status patch, so raygate holds about "
+            f"{m['raygate_patches_in_flight']:.0f} patches in flight and each job waits about "
+            f"{m['delay_s'] * 1000:.0f} ms at {m['admissions_per_s']:.0f} admissions/s "
+            f"(measured: mean {d['mean'] * 1000:.0f} ms, p99 {d['p99'] * 1000:.0f} ms).\n"
+            f"The model allows {P99_TARGET_S * 1000:.0f} ms with at most {m['writers_for_250ms']:.1f} such writers on "
+            "these cores; cluster-autoscaler's own client sends at most 5 writes/s by default (QPS 5, burst 10).")
+    return text
 
 
 def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
@@ -660,6 +752,8 @@ def main(args: Any) -> int:
     ))
     print()
     print(probe_table(flow["api_server_probe"], jobs))
+    print()
+    print(inside_table(flow))
     for phase, prof in flow["profiles"].items():
         if prof.get("samples"):
             print()

@@ -112,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
     logs.setup(args.log_level)
     # One connection per worker, plus the watches, Event senders, Lease and housekeeping: a pool that is
     # too small discards connections, and every new one costs the API server a TLS handshake.
-    kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler", pool_size=args.workers + 16)
+    # Twice the workers: a worker creates a job's PodTemplates side by side.
+    kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler", pool_size=2 * args.workers + 16)
     kube.impersonate = args.impersonate
+    kube.observe = metrics.observe_api_request
     identity = args.identity or default_identity()
     try:
         config = ConfigSource(kube, args.namespace).start()
@@ -130,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     server = metrics.serve(args.metrics_port, controller.not_ready)
     from prometheus_client import REGISTRY
 
-    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube))
+    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube, controller.queue.waiting))
     log.info("reconciler starting", extra={"identity": identity, "metrics_port": server.server_address[1],
                                            "provisioning_request_version": controller.provreq_version,
                                            "pod_groups": "PodGroup" in controller.child_resources})

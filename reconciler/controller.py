@@ -15,7 +15,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import orjson
@@ -148,7 +149,8 @@ class Controller:
         self.config = config
         self.options = options or Options()
         self.clock = clock
-        self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0))
+        self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0),
+                                                  on_wait=metrics.QUEUE_WAIT_SECONDS.observe)
         self.provreq_version = served_provreq_version(kube)
         self.child_resources: dict[str, Resource] = {"PodTemplate": PODTEMPLATES}
         if self.provreq_version:
@@ -172,6 +174,7 @@ class Controller:
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
         self.events = EventSender(kube, busy=lambda: self.queue.busy())
+        self._side = ThreadPoolExecutor(self.options.workers, thread_name_prefix="create")
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start_informers(self) -> None:
@@ -200,6 +203,7 @@ class Controller:
         for t in self._workers:  # let in-flight reconciles finish before the Lease is released
             t.join(grace)
         self.events.stop(grace)
+        self._side.shutdown(wait=False)
         for inf in (*self.jobs.values(), *self.children.values()):
             inf.stop()
 
@@ -349,7 +353,16 @@ class Controller:
     def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
-        for action in plan.actions:
+        for group in _independent_runs(plan.actions):
+            if len(group) > 1:
+                # A job's PodTemplates do not depend on each other: its request (which names them)
+                # waits for one round trip to the API server instead of one per template.
+                others = [self._side.submit(self._create, a) for a in group[1:]]
+                self._create(group[0])
+                for f in others:
+                    f.result()
+                continue
+            action = group[0]
             if isinstance(action, decision.Create):
                 if not self._create(action):
                     continue
@@ -419,6 +432,21 @@ class Controller:
         for kind, objs in kids.items():
             for obj in objs:
                 self._delete(_meta(obj, "namespace"), decision.Delete(kind, _meta(obj, "name")))
+
+
+def _independent_runs(actions: Iterable[decision.Action]) -> Iterator[list[decision.Action]]:
+    """The actions in order, one by one, except that adjacent PodTemplate creates come as one group."""
+    run: list[decision.Action] = []
+    for action in actions:
+        if isinstance(action, decision.Create) and action.kind == "PodTemplate":
+            run.append(action)
+            continue
+        if run:
+            yield run
+            run = []
+        yield [action]
+    if run:
+        yield run
 
 
 class RefusedChild(Exception):

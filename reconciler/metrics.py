@@ -34,14 +34,35 @@ ADMISSION_SECONDS = Histogram(
     ["kind"],
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
 )
+# Where a job's time goes inside raygate: waiting for a worker, then waiting on the API server.
+# A queue wait near zero while requests take long says the API server is the bottleneck, not raygate.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+QUEUE_WAIT_SECONDS = Histogram(
+    "raygate_reconciler_queue_wait_seconds",
+    "Seconds a job waited in the work queue for a worker.",
+    buckets=_LATENCY_BUCKETS,
+)
+API_REQUEST_SECONDS = Histogram(
+    "raygate_reconciler_api_request_seconds",
+    "Seconds from sending an API request to its answer, by HTTP method (watches apart).",
+    ["method"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+
+def observe_api_request(method: str, seconds: float) -> None:
+    API_REQUEST_SECONDS.labels(method).observe(seconds)
 
 
 class StateCollector(Collector):
-    """raygate_reconciler_jobs{state}: held and admitted jobs, counted from the caches at scrape time."""
+    """raygate_reconciler_jobs{state}: held and admitted jobs, counted from the caches at scrape time;
+    the API requests made and the jobs waiting for a worker, read at scrape time too."""
 
-    def __init__(self, jobs: Callable[[], Iterable[JSON]], kube: Kube) -> None:
+    def __init__(self, jobs: Callable[[], Iterable[JSON]], kube: Kube,
+                 queue_depth: Callable[[], int] = lambda: 0) -> None:
         self._jobs = jobs
         self._kube = kube
+        self._queue_depth = queue_depth
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         counts: Tally[str] = Tally()
@@ -56,6 +77,8 @@ class StateCollector(Collector):
         for method, n in sorted(self._kube.requests.items()):
             c.add_metric([method], n)
         yield c
+        yield GaugeMetricFamily("raygate_reconciler_queue_depth", "Jobs waiting in the work queue for a worker.",
+                                value=self._queue_depth())
 
 
 def serve(port: int, ready: Callable[[], list[str]]) -> ThreadingHTTPServer:

@@ -5,6 +5,10 @@ added while a worker holds it is queued again when the worker is done, so no cha
 key is processed by two workers at once; failures back off per key, so one bad job never stalls
 the others.
 
+Each key's wait, from when it could first be handed out to when a worker took it, goes to
+`on_wait` (the reconciler's queue-wait metric: time a job spent waiting for a worker, not for the
+API server).
+
 Urgent keys go first: a key added with `urgent=True` (a job whose capacity just arrived, so one
 patch admits it) is handed out before the keys that were waiting, so that in a burst an admission
 does not queue behind creations or behind the echoes of earlier writes.
@@ -36,6 +40,7 @@ class Backoff:
 class WorkQueue(Generic[K]):
     backoff: Backoff = field(default_factory=Backoff)
     clock: Callable[[], float] = time.monotonic
+    on_wait: Callable[[float], None] | None = None
 
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
@@ -48,6 +53,7 @@ class WorkQueue(Generic[K]):
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, seq, key)
         self._seq = 0
         self._failures: dict[K, int] = {}
+        self._since: dict[K, float] = {}  # when each key in a lane could first be handed out
         self._shutdown = False
 
     def add(self, key: K, urgent: bool = False) -> None:
@@ -68,6 +74,7 @@ class WorkQueue(Generic[K]):
             self._cond.notify()
 
     def _append(self, key: K, urgent: bool) -> None:
+        self._since.setdefault(key, self.clock())
         if urgent:
             self._urgent.append(key)
             self._in_urgent.add(key)
@@ -110,7 +117,7 @@ class WorkQueue(Generic[K]):
             if key not in self._queued:
                 self._queued.add(key)
                 if key not in self._processing:
-                    self._ready.append(key)
+                    self._append(key, urgent=False)
         return self._delayed[0][0] - now if self._delayed else None
 
     def get(self, timeout: float | None = None) -> K | None:
@@ -125,6 +132,9 @@ class WorkQueue(Generic[K]):
                 if key is not None:
                     self._queued.discard(key)
                     self._processing.add(key)
+                    since = self._since.pop(key, None)
+                    if since is not None and self.on_wait is not None:
+                        self.on_wait(self.clock() - since)
                     return key
                 if deadline is not None:
                     left = deadline - self.clock()
@@ -165,6 +175,12 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._promote_due()
             return bool(self._queued) or bool(self._processing)
+
+    def waiting(self) -> int:
+        """Keys waiting for a worker now (delayed keys not yet due do not count)."""
+        with self._cond:
+            self._promote_due()
+            return len(self._queued)
 
     def __len__(self) -> int:
         with self._cond:

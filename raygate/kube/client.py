@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,8 @@ class Kube:
         self._lock = threading.Lock()
         self.requests: Counter[str] = Counter()
         self.impersonate: str | None = None
+        # Told (method, seconds) after each answered request, watches apart: the reconciler's latency metric.
+        self.observe: Callable[[str, float], None] | None = None
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, user_agent: str = "raygate", pool_size: int = 8) -> Kube:
@@ -208,6 +210,7 @@ class Kube:
         for attempt in range(TOO_MANY_REQUESTS_RETRIES + 1):
             with self._lock:
                 self.requests[method] += 1
+            started = time.monotonic()
             try:
                 resp = self._http.request(
                     method, self._url(path, query), body=data, headers=self._headers(content_type),
@@ -215,6 +218,8 @@ class Kube:
                 )
             except urllib3.exceptions.HTTPError as err:
                 raise ApiError(0, {"reason": "ConnectionError", "message": str(err)}, method, path) from None
+            if self.observe is not None:
+                self.observe(method, time.monotonic() - started)
             # 429 means the API server did not handle the request (a CRD's storage still starting,
             # priority and fairness shedding load); like client-go, wait as told and send it again.
             if resp.status != 429 or attempt == TOO_MANY_REQUESTS_RETRIES:

@@ -99,16 +99,17 @@ class Reconcilers:
                  if '"metrics_port"' in line]
         return int(ports[-1])
 
-    def writes(self, identity: str) -> int:
-        """POST + PATCH + DELETE the reconciler has made (PUT is only its Lease)."""
+    def metrics(self, identity: str) -> dict[str, float]:
+        """Each sample of the reconciler's /metrics, by its name and labels as written."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port(identity)}/metrics", timeout=5) as r:
             text = r.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith("raygate_reconciler_api_requests_total{") and any(
-                    f'method="{m}"' in line for m in ("POST", "PATCH", "DELETE")):
-                total += float(line.rsplit(" ", 1)[1])
-        return int(total)
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    def writes(self, identity: str) -> int:
+        """POST + PATCH + DELETE the reconciler has made (PUT is only its Lease)."""
+        return int(sum(self.metrics(identity).get(f'raygate_reconciler_api_requests_total{{method="{m}"}}', 0)
+                       for m in ("POST", "PATCH", "DELETE")))
 
 
 @dataclass
@@ -280,6 +281,12 @@ def test_happy_path_accepted_holds_provisioned_admits(env: Env) -> None:
     writes = env.reconcilers.writes(env.leader()) - before
     print(f"API writes for one admitted job (one GPU pod set): {writes}")
     assert writes <= 6
+    # Where the job's time went inside raygate is on /metrics: waits for a worker, answers of the API.
+    seen = env.reconcilers.metrics(env.leader())
+    assert seen["raygate_reconciler_queue_wait_seconds_count"] >= 2  # created, then Provisioned
+    assert seen['raygate_reconciler_api_request_seconds_count{method="PATCH"}'] >= 2  # Provisioning, Admitted
+    assert seen['raygate_reconciler_api_request_seconds_count{method="POST"}'] >= 2  # template, request
+    assert "raygate_reconciler_queue_depth" in seen
 
 
 def test_a_raycluster_is_held_and_admitted_the_same_way(env: Env) -> None:

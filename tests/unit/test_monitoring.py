@@ -43,7 +43,7 @@ def exported() -> dict[str, set[str]]:
     class FakeKube:
         requests = {"GET": 1}
 
-    collector = reconciler_metrics.StateCollector(lambda: [], cast(Kube, FakeKube()))
+    collector = reconciler_metrics.StateCollector(lambda: [], cast(Kube, FakeKube()), lambda: 3)
     for family in collector.collect():
         for sample in family.samples:
             out.setdefault(sample.name, set()).update(sample.labels)
@@ -108,7 +108,7 @@ def test_alerts_cover_what_an_on_call_engineer_needs() -> None:
     covered = set().union(*by_metric.values())
     for needed in ("raygate_webhook_reviews_total", "raygate_webhook_review_seconds_bucket",
                    "raygate_reconciler_jobs", "raygate_reconciler_requests_failed_total", "raygate_config_valid",
-                   "raygate_reconciler_api_requests_total"):
+                   "raygate_reconciler_api_requests_total", "raygate_reconciler_queue_wait_seconds_bucket"):
         assert needed in covered, f"no alert on {needed}"
     for rule in alert_rules():
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), rule["alert"]

@@ -1,5 +1,6 @@
-"""The peer benchmark's bookkeeping: which job a request is for, when a job counts as unsuspended, and
-how a py-spy profile is summed up. Pure: events are fed in by hand."""
+"""The benchmarks' bookkeeping: which job a request is for, when a job counts as unsuspended, how a
+py-spy profile and the reconciler's histograms are summed up, and the model of the API server's
+wall. Pure: events are fed in by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from benchmarks.peer_bench import Tracker, kueue_objects
-from benchmarks.reconciler_bench import summarize_profile
+from benchmarks.reconciler_bench import latency_between, predicted_delay, summarize_profile
 
 
 def owned(name: str, kind: str, owner: str) -> dict[str, Any]:
@@ -69,3 +70,25 @@ def test_a_profile_counts_each_function_once_per_sample_on_stack_and_on_top() ->
     assert out["samples"] == 4
     assert dict(out["inclusive_pct"])["loop (workqueue.py)"] == 100.0
     assert dict(out["self_pct"]) == {"read (ssl.py)": 75.0, "decide (decision.py)": 25.0}
+
+
+def test_latency_between_two_scrapes_counts_only_what_happened_between_them() -> None:
+    before = {"queue_wait_seconds": {"0.01": 5, "0.1": 5, "1.0": 5, "+Inf": 5, "count": 5, "sum": 0.02}}
+    after = {"queue_wait_seconds": {"0.01": 5, "0.1": 104, "1.0": 105, "+Inf": 105, "count": 105, "sum": 5.02}}
+    got = latency_between(before, after)["queue_wait_seconds"]
+    assert got["count"] == 100
+    assert got["mean_s"] == pytest.approx(0.05)
+    assert got["p99_under_s"] == 0.1  # 99 of the 100 new waits were under 100 ms
+    assert latency_between(after, after) == {}  # nothing new: no row rather than a division by zero
+
+
+def test_the_model_of_the_api_servers_wall() -> None:
+    def probe(apiserver_ms: float) -> dict[str, Any]:
+        return {"cpu_ms_per_write": {"kube-apiserver": apiserver_ms, "etcd": 0.0}}
+
+    m = predicted_delay({"request status patch": probe(2.0), "job patch by the reconciler": probe(16.0),
+                         "Event": probe(2.0)}, writers=8)
+    assert m["admissions_per_s"] == pytest.approx(100)  # 2 cores / 20 ms
+    assert m["raygate_patches_in_flight"] == pytest.approx(64)  # the server shares its cores 8 : 64
+    assert m["delay_s"] == pytest.approx(0.72)  # (8 + 64) in flight at 100/s
+    assert m["writers_for_250ms"] == pytest.approx(25 / 9)

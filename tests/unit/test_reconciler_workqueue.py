@@ -120,3 +120,46 @@ def test_a_key_handed_out_from_one_lane_is_not_handed_out_again_from_the_other()
     q.done("a")
     assert q.get(0) is None
     assert len(q) == 0 and not q.busy()
+
+
+def test_each_key_reports_how_long_it_waited_for_a_worker() -> None:
+    now = [10.0]
+    waits: list[float] = []
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0], on_wait=waits.append)
+    q.add("a")
+    now[0] = 10.5
+    q.add("a")  # already waiting: its wait still counts from the first add
+    q.add("b", urgent=True)
+    assert q.waiting() == 2
+    now[0] = 12.0
+    assert q.get(0) == "b"
+    assert q.get(0) == "a"
+    assert waits == [1.5, 2.0]
+    assert q.waiting() == 0
+
+
+def test_a_delayed_key_waits_from_when_it_fell_due() -> None:
+    now = [0.0]
+    waits: list[float] = []
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0], on_wait=waits.append)
+    q.add_after("a", 5)
+    assert q.waiting() == 0  # not due yet: no job is waiting for a worker
+    now[0] = 6.0
+    assert q.waiting() == 1
+    now[0] = 6.25
+    assert q.get(0) == "a"
+    assert waits == [0.25]
+
+
+def test_a_key_readded_while_processing_waits_from_when_the_worker_let_go() -> None:
+    now = [0.0]
+    waits: list[float] = []
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0], on_wait=waits.append)
+    q.add("a")
+    assert q.get(0) == "a"
+    q.add("a")
+    now[0] = 3.0
+    q.done("a")
+    now[0] = 3.5
+    assert q.get(0) == "a"
+    assert waits == [0.0, 0.5]
