@@ -353,17 +353,15 @@ class Controller:
     def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
-        for group in _independent_runs(plan.actions):
-            if len(group) > 1:
+        for action in _with_templates_grouped(plan.actions):
+            if isinstance(action, list):
                 # A job's PodTemplates do not depend on each other: its request (which names them)
                 # waits for one round trip to the API server instead of one per template.
-                others = [self._side.submit(self._create, a) for a in group[1:]]
-                self._create(group[0])
+                others = [self._side.submit(self._create, a) for a in action[1:]]
+                self._create(action[0])
                 for f in others:
                     f.result()
-                continue
-            action = group[0]
-            if isinstance(action, decision.Create):
+            elif isinstance(action, decision.Create):
                 if not self._create(action):
                     continue
                 if action.kind == "ProvisioningRequest":
@@ -434,19 +432,24 @@ class Controller:
                 self._delete(_meta(obj, "namespace"), decision.Delete(kind, _meta(obj, "name")))
 
 
-def _independent_runs(actions: Iterable[decision.Action]) -> Iterator[list[decision.Action]]:
-    """The actions in order, one by one, except that adjacent PodTemplate creates come as one group."""
-    run: list[decision.Action] = []
+def _with_templates_grouped(actions: Iterable[decision.Action]) -> Iterator[decision.Action | list[decision.Create]]:
+    """The actions in order, except that two or more adjacent PodTemplate creates come as one list."""
+    run: list[decision.Create] = []
     for action in actions:
         if isinstance(action, decision.Create) and action.kind == "PodTemplate":
             run.append(action)
             continue
-        if run:
-            yield run
-            run = []
-        yield [action]
-    if run:
+        yield from _flush(run)
+        run = []
+        yield action
+    yield from _flush(run)
+
+
+def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decision.Create]]:
+    if len(run) > 1:
         yield run
+    else:
+        yield from run
 
 
 class RefusedChild(Exception):

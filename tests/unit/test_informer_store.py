@@ -1,4 +1,5 @@
-"""The informer's store: compact (JSON bytes) or parsed, the transform, and what reads return.
+"""The informer's store: compact (JSON bytes) or parsed, the transform, and what reads return; the
+controller's pure helpers beside it.
 
 Events are applied directly (no API server): what is stored and returned is pure bookkeeping."""
 
@@ -10,7 +11,8 @@ import pytest
 
 from raygate.kube.client import RAYJOBS
 from raygate.kube.informer import Informer
-from raygate.reconciler.controller import child_view, event_subject, settled, slim
+from raygate.reconciler import decision
+from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, settled, slim
 
 
 def job(name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:
@@ -88,3 +90,16 @@ def test_a_queued_event_keeps_only_what_it_refers_to() -> None:
     j = {"apiVersion": "ray.io/v1", "kind": "RayJob", **job("a"), "status": {"big": "x" * 1000}}
     assert event_subject(j) == {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {
         "name": "a", "namespace": "ns", "uid": None, "resourceVersion": "1"}}
+
+
+def test_a_jobs_podtemplates_are_grouped_to_be_created_side_by_side() -> None:
+    def tpl(name: str) -> decision.Create:
+        return decision.Create("PodTemplate", {"metadata": {"name": name}})
+
+    pr = decision.Create("ProvisioningRequest", {"metadata": {"name": "pr"}})
+    old = decision.Delete("PodTemplate", "old")
+    a, b = tpl("a"), tpl("b")
+    # Two or more in a row go together; the request that names them comes after, on its own.
+    assert list(_with_templates_grouped([a, b, old, pr])) == [[a, b], old, pr]
+    assert list(_with_templates_grouped([a, pr])) == [a, pr]  # one alone is just an action
+    assert list(_with_templates_grouped([pr, a, b])) == [pr, [a, b]]
