@@ -91,4 +91,3 @@ def test_the_model_of_the_api_servers_wall() -> None:
     assert m["admissions_per_s"] == pytest.approx(100)  # 2 cores / 20 ms
     assert m["raygate_patches_in_flight"] == pytest.approx(64)  # the server shares its cores 8 : 64
     assert m["delay_s"] == pytest.approx(0.72)  # (8 + 64) in flight at 100/s
-    assert m["writers_for_250ms"] == pytest.approx(25 / 9)
