@@ -5,7 +5,8 @@
    webhook. Time until every job has a ProvisioningRequest (watched), and until every job is
    labelled Provisioning with the request named in its annotation.
 2. Play cluster-autoscaler: set Accepted=True and Provisioned=True (one status-subresource patch per
-   request). For each job, the delay from the moment its request was patched to the moment a watch
+   request; --status-writers threads at once, 8 by default, each as fast as the API server answers:
+   far faster than a real autoscaler, whose client sends at most 5 writes/s). For each job, the delay from the moment its request was patched to the moment a watch
    on RayJobs shows `spec.suspend: false`. Measured from when the status patch was *sent*, which
    includes the patch's own latency and the watch delivery (an upper bound); the figure from the
    patch's response is reported too.
@@ -77,7 +78,6 @@ WRITES_TARGET = 6.0
 PROBE_SECONDS = 5.0
 RSS_TARGET_MB = 200.0
 CLIENT_THREADS = 16
-STATUS_WRITERS = CLIENT_THREADS // 2  # phase 2: threads playing the autoscaler, each patching as fast as it can
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY", "DELETECOLLECTION"})
 _METRIC = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\}\s+(?P<value>[0-9.eE+]+)$')
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -399,7 +399,7 @@ def summarize_profile(text: str, top: int = 15) -> dict[str, Any]:
     return {"samples": total, "inclusive_pct": share(inclusive), "self_pct": share(own)}
 
 
-def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...] = (),
+def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler_args: tuple[str, ...] = (),
              profile: bool = False) -> dict[str, Any]:
     from raygate.devenv import raygate_local
 
@@ -480,7 +480,8 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
         profiles["phase1"] = profiler.stop()
         profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase2.txt")
 
-    # Phase 2: cluster-autoscaler says Accepted and Provisioned, one request after another.
+    # Phase 2: cluster-autoscaler says Accepted and Provisioned: `status_writers` threads, each patching one
+    # request after another as fast as the API server answers.
     sent: dict[str, float] = {}
     returned: dict[str, float] = {}
     with tracker.lock:
@@ -494,7 +495,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
         sent[job], returned[job] = t0, time.monotonic()
 
     t_patch = time.monotonic()
-    with ThreadPoolExecutor(STATUS_WRITERS) as pool:
+    with ThreadPoolExecutor(status_writers) as pool:
         list(pool.map(provision, sorted(targets.items())))
     t_patched = time.monotonic()
     sub = pr_res.plural
@@ -561,7 +562,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, reconciler_args: tuple[str, ...
         "phase_seconds": {"phase1": t_w1 - t_w0, "phase2": t_w2 - t_w1},
         "api_server_probe": probe,
         "inside_reconciler": {"phase1": latency_between(inside0, inside1), "phase2": latency_between(inside1, inside2)},
-        "model": predicted_delay(probe, STATUS_WRITERS),
+        "model": predicted_delay(probe, status_writers),
         "profiles": profiles,
     }
 
@@ -671,7 +672,7 @@ def main(args: Any) -> int:
     logging.getLogger("raygate").setLevel(logging.ERROR)  # our watches complain when the control plane stops
     with common.control_plane() as cp:
         extra = ("--workers", str(args.reconciler_workers)) if args.reconciler_workers else ()
-        flow = run_flow(cp, args.jobs, args.timeout, extra, profile=args.profile)
+        flow = run_flow(cp, args.jobs, args.timeout, args.status_writers, extra, profile=args.profile)
         flow["reconciler_args"] = list(extra)
     report["flow"] = flow
     jobs = flow["jobs"]
