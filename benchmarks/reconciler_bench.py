@@ -7,9 +7,10 @@
 2. Play cluster-autoscaler: set Accepted=True and Provisioned=True (one status-subresource patch per
    request; --status-writers threads at once, 8 by default, each as fast as the API server answers:
    far faster than a real autoscaler, whose client sends at most 5 writes/s by default). For each
-   job, the delay from the moment its request was patched to the moment a watch on RayJobs shows `spec.suspend: false`. Measured from when the status patch was *sent*, which
-   includes the patch's own latency and the watch delivery (an upper bound); the figure from the
-   patch's response is reported too.
+   job, the delay from the moment its request was patched to the moment a watch on RayJobs shows
+   `spec.suspend: false`. Measured from when the status patch was *sent*, which includes the
+   patch's own latency and the watch delivery (an upper bound); the figure from the patch's
+   response is reported too.
 3. API writes per admitted job, counted by the API server itself: the delta of
    `apiserver_request_total` for write verbs between a scrape before the creates and one after the
    last job is admitted, minus the writes this benchmark made (known exactly: one create per job and
