@@ -629,7 +629,8 @@ def inside_table(flow: JSON) -> str:
     if m:
         d = flow["delay_from_patch_sent_s"]
         text += (
-            f"\nThe API server's wall: {m['writers']} writers set Provisioned; a job patch costs "
+            f"\nThe API server's wall: {m['writers']} writer{'s' if m['writers'] != 1 else ''} set Provisioned; a job "
+            "patch costs "
             f"{m['job_to_status_cost']:.1f}x a status patch, so raygate holds about "
             f"{m['raygate_patches_in_flight']:.0f} patches in flight and each job waits about "
             f"{m['delay_s'] * 1000:.0f} ms at {m['admissions_per_s']:.0f} admissions/s "
