@@ -123,6 +123,13 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
     ])
 
 
+def reconciler_metrics_port(cp: ControlPlane, name: str = "raygate-reconciler") -> int | None:
+    """The port a local reconciler serves /metrics on: it picks a free one and logs it at start."""
+    log = cp.logs / f"{name}.log"
+    lines = [ln for ln in log.read_text().splitlines() if '"metrics_port"' in ln] if log.exists() else []
+    return int(json.loads(lines[-1])["metrics_port"]) if lines else None
+
+
 def _running(cp: ControlPlane, name: str) -> bool:
     state = cp.load_state()
     return state is not None and name in state.pids and alive(state.pids[name])

@@ -29,7 +29,7 @@ from waiting import consistently, wait
 from raygate.core import keys
 from raygate.core.workload import JSON
 from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
+from raygate.devenv.raygate_local import reconciler_metrics_port, start_reconciler, start_webhook, stop_webhook
 from raygate.kube.client import (
     EVENTS,
     LEASES,
@@ -94,10 +94,9 @@ class Reconcilers:
         self.running.clear()
 
     def metrics_port(self, identity: str) -> int:
-        log = self.cluster.logs / f"{self.running[identity]}.log"
-        ports = [json.loads(line)["metrics_port"] for line in log.read_text().splitlines()
-                 if '"metrics_port"' in line]
-        return int(ports[-1])
+        port = reconciler_metrics_port(self.cluster, self.running[identity])
+        assert port is not None, f"reconciler {identity} logged no metrics port"
+        return port
 
     def metrics(self, identity: str) -> dict[str, float]:
         """Each sample of the reconciler's /metrics, by its name and labels as written."""

@@ -87,7 +87,7 @@ def test_the_model_of_the_api_servers_wall() -> None:
         return {"cpu_ms_per_write": {"kube-apiserver": apiserver_ms, "etcd": 0.0}}
 
     m = predicted_delay({"request status patch": probe(2.0), "job patch by the reconciler": probe(16.0),
-                         "Event": probe(2.0)}, writers=8)
+                         "Event": probe(2.0)}, writers=8, cores=2)
     assert m["admissions_per_s"] == pytest.approx(100)  # 2 cores / 20 ms
     assert m["raygate_patches_in_flight"] == pytest.approx(64)  # the server shares its cores 8 : 64
     assert m["delay_s"] == pytest.approx(0.72)  # (8 + 64) in flight at 100/s
