@@ -25,7 +25,8 @@ from typing import Any, Literal
 from raygate.core.errors import RaygateError
 
 REPO = Path(__file__).resolve().parent.parent
-OUT_DIR = REPO / "build" / "bench"
+# Reports (and profiles) go here; RAYGATE_BENCH_OUT moves them (the benchmarks' own smoke tests do).
+OUT_DIR = Path(os.environ.get("RAYGATE_BENCH_OUT") or REPO / "build" / "bench")
 
 
 class BenchError(RaygateError):
