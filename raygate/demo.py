@@ -103,7 +103,7 @@ class Timeline:
         print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
-        from raygate.kube.client import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
+        from raygate.core.api import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
 
         jobs = {j["metadata"]["name"]: j for j in self.kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]}
         clusters = self.kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
@@ -140,8 +140,8 @@ class Timeline:
             self.say(subject, text)
 
     def tick(self) -> dict[str, dict[str, Any]]:
+        from raygate.core.api import EVENTS
         from raygate.core.conditions import raw_conditions
-        from raygate.kube.client import EVENTS
 
         snap = self.snapshot()
         # Cause before effect: nodes and requests, then the jobs they let run, then the jobs' Events.
@@ -233,7 +233,7 @@ def _start(args: argparse.Namespace) -> Any:
 def _clean_previous_run(cp: Any, kube: Any) -> None:
     """The namespace may hold jobs from an earlier run, or a user's: say what was there, then clear it,
     and wait until no pod holds a GPU node, so the two jobs start from the same empty node group."""
-    from raygate.kube.client import PODS, RAYCLUSTERS, RAYJOBS
+    from raygate.core.api import PODS, RAYCLUSTERS, RAYJOBS
 
     found = [f"rayjob/{o['metadata']['name']}" for o in kube.list(RAYJOBS, DEMO_NAMESPACE)["items"]]
     found += [f"raycluster/{o['metadata']['name']}" for o in kube.list(RAYCLUSTERS, DEMO_NAMESPACE)["items"]
@@ -264,7 +264,7 @@ def names(objs: list[dict[str, Any]]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     import orjson
 
-    from raygate.kube.client import RAYJOBS
+    from raygate.core.api import RAYJOBS
 
     if args.gpu_nodes < 1:
         raise RaygateError("--gpu-nodes must be at least 1")

@@ -27,11 +27,12 @@ import pytest
 from waiting import wait
 
 from raygate.core import keys
-from raygate.core.workload import JSON
+from raygate.core.api import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, provisioning_requests
+from raygate.core.objects import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube.client import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
+from raygate.kube.client import ApiError, Kube
 
 pytestmark = pytest.mark.integration
 
