@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from raygate.core import keys, logs
-from raygate.core.api import RAYCLUSTERS, RAYJOBS, Resource
+from raygate.core import dra, keys, logs
+from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource
 from raygate.core.conditions import conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules
@@ -147,6 +147,14 @@ class Controller:
                                         handler=self._child_event(kind), transform=child_view, compact=True,
                                         page_size=LIST_PAGE)
                          for kind, res in self.child_resources.items()}
+        # Ray pods, to know which bookings pods still consume (a request goes only when its pods have).
+        self.pods = Informer(kube, PODS, label_selector=keys.RAY_NODE_TYPE_LABEL, resync_seconds=rs,
+                             handler=self._pod_event, transform=pod_view, compact=True, page_size=LIST_PAGE)
+        # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).
+        self.claim_templates = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=rs, transform=dra.template_view,
+                                         page_size=LIST_PAGE)
+                                if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
+        self._consumers: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> its pods that still run
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
         self._fresh: dict[JobKey, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
@@ -157,16 +165,19 @@ class Controller:
         self._side = ThreadPoolExecutor(self.options.workers, thread_name_prefix="create")
 
     # --- lifecycle --------------------------------------------------------------------------------
+    def _informers(self) -> list[Informer]:
+        caches = [*self.jobs.values(), *self.children.values(), self.pods]
+        return caches if self.claim_templates is None else [*caches, self.claim_templates]
+
     def start_informers(self) -> None:
-        for inf in (*self.jobs.values(), *self.children.values()):
+        for inf in self._informers():
             inf.start()
 
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in (*self.jobs.values(), *self.children.values()))
+        return all(i.synced.is_set() for i in self._informers())
 
     def not_ready(self) -> list[str]:
-        missing = [f"{i.resource.plural} cache" for i in (*self.jobs.values(), *self.children.values())
-                   if not i.synced.is_set()]
+        missing = [f"{i.resource.plural} cache" for i in self._informers() if not i.synced.is_set()]
         if not self.config.loaded.is_set():
             missing.append("config")
         return missing
@@ -184,7 +195,7 @@ class Controller:
             t.join(grace)
         self.events.stop(grace)
         self._side.shutdown(wait=False)
-        for inf in (*self.jobs.values(), *self.children.values()):
+        for inf in self._informers():
             inf.stop()
 
     def all_jobs(self) -> Iterator[JSON]:
@@ -231,6 +242,36 @@ class Controller:
                 self.queue.add(owner, urgent=kind == ChildKind.PROVISIONING_REQUEST and settled(obj))
 
         return handle
+
+    def _pod_event(self, event: str, obj: JSON) -> None:
+        """Track which requests pods still consume; the job whose booking gains its first pod or loses its
+        last one is reconciled (a request whose pods have all ended can go)."""
+        request = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
+        if not isinstance(request, str) or not request:
+            return
+        namespace, pod = meta_str(obj, "namespace"), meta_str(obj, "name")
+        runs = event != "DELETED" and get(obj, ("status", "phase")) not in TERMINAL_POD_PHASES
+        with self._lock:
+            pods = self._consumers.setdefault((namespace, request), set())
+            before = bool(pods)
+            if runs:
+                pods.add(pod)
+            else:
+                pods.discard(pod)
+            if not pods:
+                del self._consumers[(namespace, request)]
+            changed = before != bool(pods)
+        owner = self._request_owner(namespace, request) if changed else None
+        if owner is not None:
+            self.queue.add(owner)
+
+    def _request_owner(self, namespace: str, request: str) -> JobKey | None:
+        informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
+        found = informer.get(namespace, request) if informer is not None else None
+        return children.controller_key(found) if found is not None else None
+
+    def _claim_template(self, namespace: str, name: str) -> JSON | None:
+        return self.claim_templates.get(namespace, name) if self.claim_templates is not None else None
 
     # --- the view -------------------------------------------------------------------------------------
     def _job(self, key: JobKey) -> JSON | None:
@@ -290,13 +331,9 @@ class Controller:
 
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
-        w = Workload(obj)
+        w = Workload(obj, self._claim_template)
         policy = self.config.config.policy_for(w.namespace)
-        obs = decision.Observed(
-            requests=tuple(kids.get(ChildKind.PROVISIONING_REQUEST, ())),
-            templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
-            groups=tuple(g for kind in self.group_kinds for g in kids.get(kind, ())),
-        )
+        obs = self._observed(w.namespace, kids)
         prerequisite = decision.prerequisite_to_check(w, policy, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
@@ -402,10 +439,30 @@ class Controller:
             if self.children[action.kind].get(namespace, action.name) is not None:
                 self._gone.add(ck)
 
+    def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]]) -> decision.Observed:
+        requests = tuple(kids.get(ChildKind.PROVISIONING_REQUEST, ()))
+        with self._lock:
+            consumers = {name: len(pods) for r in requests
+                         if (pods := self._consumers.get((namespace, name := meta_str(r, "name"))))}
+        return decision.Observed(
+            requests=requests, consumers=consumers, templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
+            groups=tuple(g for kind in self.group_kinds for g in kids.get(kind, ())),
+        )
+
     def _delete_orphans(self, kids: dict[ChildKind, list[JSON]]) -> None:
+        """Children of a job that is gone: all go, but for bookings its pods still consume (they go with
+        the last of those pods)."""
+        by_namespace: dict[str, dict[ChildKind, list[JSON]]] = {}
         for kind, objs in kids.items():
             for obj in objs:
-                self._delete(meta_str(obj, "namespace"), decision.Delete(kind, meta_str(obj, "name")))
+                by_namespace.setdefault(meta_str(obj, "namespace"), {}).setdefault(kind, []).append(obj)
+        for namespace, found in by_namespace.items():
+            actions = decision.delete_all(self._observed(namespace, found))
+            actions += [decision.Delete(kind, meta_str(g, "name")) for kind in self.group_kinds
+                        for g in found.get(kind, ())]
+            for action in actions:
+                if isinstance(action, decision.Delete):
+                    self._delete(namespace, action)
 
 
 def _with_templates_grouped(actions: Iterable[decision.Action]) -> Iterator[decision.Action | list[decision.Create]]:
@@ -426,6 +483,18 @@ def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decisi
         yield run
     else:
         yield from run
+
+
+TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def pod_view(obj: JSON) -> JSON:
+    """A Ray pod as the reconciler keeps it: which booking it consumes, and whether it still runs."""
+    meta = metadata(obj)
+    consumes = get(meta, ("annotations", keys.CONSUME_ANNOTATION))
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                         **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
+            "status": {"phase": get(obj, ("status", "phase"))}}
 
 
 def _typed(obj: JSON, kind: str) -> JSON:

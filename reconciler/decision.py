@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from raygate.core import booking, keys
+from raygate.core import booking, keys, limits
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
@@ -49,7 +49,7 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
         return fail(w, obs, f"KubeRay refused this RayJob and will never run it ({rejected})",
                     event_reason="RejectedByKubeRay", restartable=False)
     if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
-        actions = _delete_all(obs)
+        actions = delete_all(obs)
         if (rules := group_rules(mode)) is not None:
             actions += [Delete(ChildKind(rules.group_resource.kind), _name(g)) for g in obs.groups]
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FINISHED)
@@ -60,7 +60,7 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     if state == keys.State.ADMITTED:
         return _admitted(w, obs, policy, now)
     if state == keys.State.FAILED:
-        actions = _delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
+        actions = delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
     return Plan(outcome=Outcome.UNKNOWN_STATE)
 
@@ -76,6 +76,7 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
     b = _builder(w)
     if suspend:
         b.set(("spec", "suspend"), True)
+    message += booking_kept(obs)
     b.set(STATE_PATH, keys.State.FAILED.value)
     b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
     b.remove(_annotation(keys.REQUEST_ANNOTATION))
@@ -83,12 +84,13 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
     restart = (f"to start over run: kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
                f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite" if restartable else
                "delete it, fix the spec and create it again")
+    held = "The job stays suspended" if suspend or w.suspended else "raygate will not start it again"
     actions: list[Action] = [
         _patch(b, Step.FAIL),
-        Emit(event_reason, f"{message}. The job stays suspended; {restart}", warning=True,
+        Emit(event_reason, f"{message}. {held}; {restart}", warning=True,
              name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
     ]
-    return Plan([*actions, *_delete_all(obs)], outcome=Outcome.FAILED)
+    return Plan([*actions, *delete_all(obs)], outcome=Outcome.FAILED)
 
 
 def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
@@ -186,6 +188,7 @@ class Plan:
 @dataclass(frozen=True)
 class Observed:
     requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls
+    consumers: Mapping[str, int] = field(default_factory=dict)  # request name -> its pods that still run
     templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
     groups: tuple[JSON, ...] = ()  # group objects (Volcano PodGroups) raygate created for this job
     prerequisite: JSON | None = None  # a group still to create: its prerequisite as read (None: missing)
@@ -216,16 +219,19 @@ class Needs:
 def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
     """Raises BadInput for a job that cannot be admitted as written."""
     try:
-        managed = tuple(w.gang().managed_pod_sets(policy.managed_resources))
+        gang = w.gang()
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    managed = tuple(gang.managed_pod_sets(policy.manages))
     rules = group_rules(policy.mode)
     try:
         group = rules.recorded(w) if rules is not None else None
     except ManifestError as err:
         raise BadInput(str(err)) from None
-    if policy.provisions and (too_many := booking.too_many_pod_sets(managed, policy)):
-        raise BadInput(too_many)
+    # The webhook refused these at create and on update; checked again before anything is asked of the
+    # autoscaler (a job held before a limit was lowered, or past a webhook that was down).
+    if problems := [*booking.refusals(policy, gang), *limits.problems(w.namespace, policy, gang)]:
+        raise BadInput("; ".join(problems))
     try:
         fingerprint = children.fingerprint(w, managed)
     except ManifestError as err:
@@ -340,7 +346,7 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     elif needs.managed:
         why = "ProvisioningRequests are disabled for this namespace"
     else:
-        why = (f"no pod set requests {', '.join(policy.managed_resources)}, so no capacity request was needed")
+        why = f"no pod set requests {policy.managed_names()}, so no capacity request was needed"
     b.set(_annotation(keys.REASON_ANNOTATION), f"admitted: {why}")
     created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
     held = f" after {max((now - created).total_seconds(), 0):.0f}s held" if created else ""
@@ -567,13 +573,34 @@ def _patch(b: PatchBuilder, step: Step) -> PatchJob:
 
 
 def _delete_requests(obs: Observed, keep: str | None = None) -> list[Action]:
-    return [Delete(ChildKind.PROVISIONING_REQUEST, _name(r)) for r in obs.requests if _name(r) != keep]
+    """Every request but `keep`, except those pods still consume: a booking lives as long as its pods."""
+    return [Delete(ChildKind.PROVISIONING_REQUEST, _name(r)) for r in obs.requests
+            if _name(r) != keep and not obs.consumers.get(_name(r))]
 
 
-def _delete_all(obs: Observed) -> list[Action]:
+def delete_all(obs: Observed) -> list[Action]:
+    """The job's requests and templates, but for requests pods still consume and the templates they name
+    (also what the controller deletes of the children of a job that is gone)."""
+    kept = {t for r in obs.requests if obs.consumers.get(_name(r)) for t in _template_refs(r)}
     out = _delete_requests(obs)
-    out += [Delete(ChildKind.POD_TEMPLATE, _name(t)) for t in obs.templates]
+    out += [Delete(ChildKind.POD_TEMPLATE, _name(t)) for t in obs.templates if _name(t) not in kept]
     return out
+
+
+def _template_refs(request: Mapping[str, Any]) -> set[str]:
+    sets = get(request, ("spec", "podSets"))
+    return {str(get(p, ("podTemplateRef", "name")) or "") for p in sets if isinstance(p, Mapping)} \
+        if isinstance(sets, list) else set()
+
+
+def booking_kept(obs: Observed) -> str:
+    """What a job's deletes leave for its running pods, as a reason says it ("" when nothing)."""
+    kept = sorted((_name(r), obs.consumers[_name(r)]) for r in obs.requests if obs.consumers.get(_name(r)))
+    if not kept:
+        return ""
+    pods = sum(n for _, n in kept)
+    return (f"; ProvisioningRequest {', '.join(n for n, _ in kept)} stays while {pods} of its pods "
+            f"{'still run' if pods != 1 else 'still runs'}, and goes when they end")
 
 
 def _name(obj: Mapping[str, Any]) -> str:

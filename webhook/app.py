@@ -42,7 +42,7 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[b
         started = perf_counter()
         in_flight.inc()
         try:
-            result = answer(body, decide, state.config, state.namespace_labels)
+            result = answer(body, decide, state.config, state.namespace_labels, state.claim_template)
         finally:
             in_flight.dec()
         latency.observe(perf_counter() - started)

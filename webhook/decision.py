@@ -6,12 +6,11 @@ a review is answered in microseconds and `dryRun` behaves exactly like a real re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from typing import Protocol
 
-from raygate.core import keys
-from raygate.core import quantity as q
+from raygate.core import dra, keys, limits
 from raygate.core.modes import Mode, recorded_mode, rules_for
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
@@ -108,22 +107,6 @@ def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warn
     return out
 
 
-def _max_gang_refusals(namespace: str, policy: NamespacePolicy, gang: Gang) -> list[str]:
-    out: list[str] = []
-    if not policy.max_gang:
-        return out  # no limit: skip summing the gang's resources (about a tenth of a review's time)
-    need = gang.start_resources
-    for name, limit in sorted(policy.max_gang_quantities().items()):
-        if need.get(name, Decimal(0)) > limit:
-            out.append(
-                f"the gang needs {q.format_quantity(need.get(name, Decimal(0)), binary=q.is_binary(name))} "
-                f"{name} but "
-                f"namespace {namespace} allows at most {q.format_quantity(limit, binary=q.is_binary(name))} "
-                "(maxGang in raygate-config): reduce replicas or per-pod requests"
-            )
-    return out
-
-
 def _namespace(request: AdmissionRequest, w: Workload) -> str:
     ns = request.get("namespace")
     return ns if isinstance(ns, str) and ns else w.namespace
@@ -135,22 +118,25 @@ def _unreadable(request: AdmissionRequest, err: ManifestError) -> Decision:
     return refuse(f"raygate cannot read this {kind if isinstance(kind, str) else 'object'}: {err}")
 
 
-def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
-    """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason."""
+def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+           claims: dra.ClaimTemplates = dra.no_templates) -> Decision:
+    """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason.
+
+    `ns_labels` and `claims` (DRA claim templates) come from the server's caches."""
     try:
-        return _mutate(request, ns_labels, config)
+        return _mutate(request, ns_labels, config, claims)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)
 
 
 def _subject(
-    request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig
+    request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig, claims: dra.ClaimTemplates
 ) -> tuple[Workload, str] | Decision:
     """The Ray object under review and its namespace, or why raygate has nothing to say about it."""
     obj = request.get("object")
     if not isinstance(obj, dict):
         return allow("skipped-operation")
-    w = Workload(obj)
+    w = Workload(obj, claims)
     if w.kind not in RAY_KINDS:
         return allow("skipped-kind")
     namespace = _namespace(request, w)
@@ -159,10 +145,11 @@ def _subject(
     return w, namespace
 
 
-def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+            claims: dra.ClaimTemplates) -> Decision:
     if request.get("operation") != "CREATE":
         return allow("skipped-operation")
-    subject = _subject(request, ns_labels, config)
+    subject = _subject(request, ns_labels, config, claims)
     if isinstance(subject, Decision):
         return subject
     return _admit(*subject, config, username(request))
@@ -194,7 +181,7 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Dec
         problems = _rayjob_refusals(w, policy, b, warnings)
         gang = w.gang()
         problems += mode_rules.refusals(w, policy, gang)
-        problems += _max_gang_refusals(namespace, policy, gang)
+        problems += limits.problems(namespace, policy, gang)
     except ManifestError as err:
         return refuse(f"raygate cannot read this {w.kind}: {err}", mode=policy.mode)
     if problems:
@@ -210,16 +197,18 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Dec
 
 # --- the validating guard -------------------------------------------------------------------------
 
-def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+             claims: dra.ClaimTemplates = dra.no_templates) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
     try:
-        return _validate(request, ns_labels, config)
+        return _validate(request, ns_labels, config, claims)
     except ManifestError as err:
         return _unreadable(request, err)
 
 
-def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
-    subject = _subject(request, ns_labels, config)
+def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+              claims: dra.ClaimTemplates) -> Decision:
+    subject = _subject(request, ns_labels, config, claims)
     if isinstance(subject, Decision):
         return subject
     w, namespace = subject
@@ -241,15 +230,29 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
         return allow("skipped-operation")
     if user in config.trusted_users:
         return allow("trusted")
-    old = Workload(request["oldObject"])  # type: ignore[arg-type]
+    old = Workload(request["oldObject"], claims)  # type: ignore[arg-type]
     policy = config.policy_for(namespace)
+    if (over := _over_limits(old, w, namespace, policy)) is not None:
+        return over
     rules = rules_for(policy.recorded_mode(old.annotations))
     if not rules.holds:
         return allow("admitted-elsewhere")  # the system that admits here (Kueue) guards its own jobs
-    changes = guard.forbidden_changes(old, w, rules, policy.managed_resources)
+    changes = guard.forbidden_changes(old, w, rules, policy.manages)
     if not changes:
         return allow("valid")
     return refuse(guard.refusal(w, old, namespace, changes), code=403)
+
+
+def _over_limits(old: Workload, new: Workload, namespace: str, policy: NamespacePolicy) -> Decision | None:
+    """An update that takes the object over a limit, in any state and any mode, is refused with the numbers
+    (one that stays over a limit it was already over without growing is left to the other checks)."""
+    if new.uses_cluster_selector:
+        return None
+    gang = new.gang()
+    problems = limits.problems(namespace, policy, gang)
+    if not problems or not limits.grows(old.gang(), gang):
+        return None
+    return refuse(f"raygate refused this change of {new.kind} {new.name}: " + "; ".join(problems), mode=policy.mode)
 
 
 def _not_held(w: Workload, namespace: str, patch: list[PatchOp]) -> str:
@@ -261,4 +264,6 @@ def _not_held(w: Workload, namespace: str, patch: list[PatchOp]) -> str:
             "cluster admins, check `kubectl get mutatingwebhookconfiguration raygate-mutating`")
 
 
-Decide = Callable[[AdmissionRequest, Mapping[str, str] | None, RaygateConfig], Decision]
+class Decide(Protocol):
+    def __call__(self, request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+                 claims: dra.ClaimTemplates = ..., /) -> Decision: ...

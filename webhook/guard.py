@@ -17,7 +17,7 @@ from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.modes import ModeRules, decided_labels, template_annotations
 from raygate.core.objects import get
-from raygate.core.workload import ManifestError, Workload
+from raygate.core.workload import Manages, ManifestError, Workload
 
 # The queue labels raygate decides on, in any mode; a user may not pick their own queue past it.
 QUEUE_LABELS = decided_labels()
@@ -54,21 +54,21 @@ def _scheduling_metadata(w: Workload) -> dict[str, Any]:
     return out
 
 
-def envelope(w: Workload, managed: list[str]) -> Envelope:
+def envelope(w: Workload, manages: Manages) -> Envelope:
     """The most pods KubeRay (and, under autoscaling, the Ray autoscaler) can run per GPU pod set."""
     if w.uses_cluster_selector:
         return {}  # runs on an existing cluster: KubeRay creates no pods of a gang for it
     out: Envelope = {}
     for p in w.gang().pod_sets:
-        per_pod = {r: p.per_pod[r] for r in managed if p.per_pod.get(r, Decimal(0)) > 0}
+        per_pod = p.managed(manages)
         if per_pod and p.ceiling > 0:
             out[p.name] = (p.ceiling, per_pod)
     return out
 
 
-def growth(old: Workload, new: Workload, managed: list[str]) -> list[str]:
+def growth(old: Workload, new: Workload, manages: Manages) -> list[str]:
     """How `new` could run more managed capacity than `old`: more pods, more per pod, new sets."""
-    before, after = envelope(old, managed), envelope(new, managed)
+    before, after = envelope(old, manages), envelope(new, manages)
     out = []
     for name, (pods, per_pod) in after.items():
         if name not in before:
@@ -86,7 +86,7 @@ def growth(old: Workload, new: Workload, managed: list[str]) -> list[str]:
     return out
 
 
-def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, managed: list[str]) -> list[str]:
+def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, manages: Manages) -> list[str]:
     """What this update would do that an untrusted user may not, each phrased after "You may not"."""
     state = old.labels.get(keys.STATE_LABEL)
     changed = []
@@ -105,7 +105,7 @@ def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, managed: li
         if state in keys.HELD_STATES:
             changed += mode.held_changes(old, new)
         elif state != keys.State.FAILED:  # admitted, or never held: nothing may outgrow what runs now
-            changed += growth(old, new, managed)
+            changed += growth(old, new, manages)
     except ManifestError as err:
         changed.append(f"make it unreadable ({err})")
     return changed

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from raygate.core.dra import ClaimTemplates, no_templates
 from raygate.core.policy import RaygateConfig
 from raygate.webhook.decision import Decide, Decision
 from raygate.webhook.review import AdmissionRequest, BadReview, parse_review, response
@@ -35,14 +36,15 @@ def _unknown(namespace: str) -> None:
     return None
 
 
-def answer(body: bytes, decide: Decide, config: RaygateConfig, labels_for: LabelsFor = _unknown) -> Answer:
+def answer(body: bytes, decide: Decide, config: RaygateConfig, labels_for: LabelsFor = _unknown,
+           claims: ClaimTemplates = no_templates) -> Answer:
     try:
         review, req = parse_review(body)
     except BadReview as err:
         return Answer(400, orjson.dumps({"error": str(err)}))
     namespace = req.get("namespace") or ""
     try:
-        decision = decide(req, labels_for(namespace if isinstance(namespace, str) else ""), config)
+        decision = decide(req, labels_for(namespace if isinstance(namespace, str) else ""), config, claims)
     except Exception as err:  # a bug must never become an HTTP 500 or a silent allow
         log.exception("admission decision failed", extra={"uid": req["uid"], "namespace": str(namespace)})
         decision = Decision(

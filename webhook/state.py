@@ -1,5 +1,5 @@
-"""What a review is decided against: the live config and the namespace labels, kept current by
-watches so that answering a review never calls the API server."""
+"""What a review is decided against: the live config, the namespace labels and the DRA claim templates,
+kept current by watches so that answering a review never calls the API server."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from raygate.core.api import NAMESPACES
-from raygate.core.objects import labels
+from raygate.core import dra, keys
+from raygate.core.api import CLAIM_TEMPLATES, NAMESPACES
+from raygate.core.objects import JSON, labels
 from raygate.core.policy import RaygateConfig
 from raygate.kube.client import Kube
 from raygate.kube.configsource import ConfigSource
@@ -22,6 +23,7 @@ log = logging.getLogger("raygate.webhook")
 class WebhookState:
     config_source: ConfigSource
     namespaces: Informer | None = None  # None: offline (tests, `raygate explain`): every namespace opted in
+    claim_templates: Informer | None = None  # None: offline, or the cluster serves no DRA: none is seen
     certificate_loaded: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -36,6 +38,9 @@ class WebhookState:
             return None
         return labels(obj)
 
+    def claim_template(self, namespace: str, name: str) -> JSON | None:
+        return self.claim_templates.get(namespace, name) if self.claim_templates is not None else None
+
     def not_ready(self) -> list[str]:
         """What is still missing before this worker may serve; empty when ready."""
         missing = []
@@ -43,6 +48,8 @@ class WebhookState:
             missing.append("config")
         if self.namespaces is not None and not self.namespaces.synced.is_set():
             missing.append("namespace cache")
+        if self.claim_templates is not None and not self.claim_templates.synced.is_set():
+            missing.append("ResourceClaimTemplate cache")
         if not self.certificate_loaded.is_set():
             missing.append("certificate")
         return missing
@@ -56,5 +63,8 @@ class WebhookState:
 
         metrics.CONFIG_VALID.set(1)  # the defaults serve until a ConfigMap says otherwise
         informer = Informer(kube, NAMESPACES, resync_seconds=600).start()
+        claims = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=600, transform=dra.template_view).start()
+                  if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
         source = ConfigSource(kube, namespace, on_result=result).start()
-        return cls(config_source=source, namespaces=informer)
+        return cls(config_source=source, namespaces=informer, claim_templates=claims)
+

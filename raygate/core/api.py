@@ -48,6 +48,7 @@ RAYJOBS = Resource(keys.RAY_GROUP, keys.RAY_VERSION, keys.RAYJOB_PLURAL, keys.RA
 RAYCLUSTERS = Resource(keys.RAY_GROUP, keys.RAY_VERSION, keys.RAYCLUSTER_PLURAL, keys.RAYCLUSTER_KIND)
 PODGROUPS = Resource(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION, "podgroups", keys.ChildKind.POD_GROUP)
 VOLCANO_QUEUES = Resource(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION, "queues", "Queue", namespaced=False)
+CLAIM_TEMPLATES = Resource(keys.DRA_GROUP, keys.DRA_VERSION, "resourceclaimtemplates", "ResourceClaimTemplate")
 MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
     namespaced=False,

@@ -9,24 +9,47 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from raygate.core import keys
+from raygate.core import dra, keys
 from raygate.core.workload import Gang, PodSet
 
 if TYPE_CHECKING:
     from raygate.core.policy import NamespacePolicy
+
+AUTOSCALER_DRA_ISSUE = "kubernetes/autoscaler#10065"
 
 
 def too_many_pod_sets(managed: Sequence[PodSet], policy: NamespacePolicy) -> str | None:
     """The one ProvisioningRequest a job gets has room for a limited number of pod sets."""
     if len(managed) <= keys.PROVREQ_MAX_POD_SETS:
         return None
-    return (f"{len(managed)} pod sets request {', '.join(policy.managed_resources)}, but one "
-            f"ProvisioningRequest books at most {keys.PROVREQ_MAX_POD_SETS}: merge worker groups")
+    names = ", ".join(sorted({r for p in managed for r in p.managed(policy.manages)}))
+    return (f"{len(managed)} pod sets request {names}, but one ProvisioningRequest books at most "
+            f"{keys.PROVREQ_MAX_POD_SETS}: merge worker groups")
+
+
+def claimed_devices(gang: Gang, policy: NamespacePolicy) -> list[str]:
+    """Pod sets whose GPUs come through DRA claims (or might: claims raygate could not count). The
+    cluster-autoscaler cannot yet simulate ResourceClaimTemplates in a ProvisioningRequest, so a booking
+    would not cover those devices: where raygate books, such a job is refused rather than admitted on a
+    booking that does not hold its GPUs."""
+    out = []
+    for p in gang.pod_sets:
+        devices = {r: v for r, v in p.managed(policy.manages).items() if dra.is_device_resource(r)}
+        what = [f"{v} {r.removeprefix(keys.DRA_RESOURCE_PREFIX)} per pod" for r, v in sorted(devices.items())]
+        if what or p.uncounted:
+            out.append(f"pod set {p.name} claims devices through DRA ({'; '.join([*what, *p.uncounted])})")
+    if not out:
+        return []
+    return [f"{'; '.join(out)}. raygate books capacity with ProvisioningRequests, and the cluster-autoscaler cannot "
+            f"yet simulate DRA claims in one ({AUTOSCALER_DRA_ISSUE}), so the booking would not cover these GPUs: "
+            "request GPUs in container resources (e.g. nvidia.com/gpu), or ask your cluster admin for a namespace "
+            "that does not book capacity (provisioning.enabled: false)"]
 
 
 def refusals(policy: NamespacePolicy, gang: Gang) -> list[str]:
     """What keeps a job's pod sets from fitting into one ProvisioningRequest, where the namespace books."""
     if not policy.provisions:
         return []
-    problem = too_many_pod_sets(gang.managed_pod_sets(policy.managed_resources), policy)
-    return [problem] if problem else []
+    out = claimed_devices(gang, policy)
+    problem = too_many_pod_sets(gang.managed_pod_sets(policy.manages), policy)
+    return [*out, problem] if problem else out

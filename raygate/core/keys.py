@@ -58,6 +58,7 @@ ORIGINATED_FROM_CRD_LABEL = "ray.io/originated-from-crd"
 ORIGINATED_FROM_NAME_LABEL = "ray.io/originated-from-cr-name"
 RAY_PRIORITY_CLASS_LABEL = "ray.io/priority-class-name"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"  # on every head and worker pod KubeRay creates (not overridable)
 HEAD_GROUP_TASK = "headgroup"
 SUBMITTER_TASK = "submittergroup"
 # KubeRay's defaults for pods it adds that are not in any template.
@@ -65,6 +66,13 @@ AUTOSCALER_DEFAULT_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
 SUBMITTER_DEFAULT_REQUESTS = {"cpu": "500m", "memory": "200Mi"}
 SUBMITTER_DEFAULT_LIMITS = {"cpu": "1", "memory": "1Gi"}
 MAX_REPLICAS_DEFAULT = 2147483647
+
+# --- DRA (resource.k8s.io/v1) ---------------------------------------------------------------------
+DRA_GROUP = "resource.k8s.io"
+DRA_VERSION = "v1"
+# How raygate names, in a gang's resources, the devices of one DeviceClass a pod claims through DRA:
+# resource.k8s.io/<DeviceClass>. Never written to the cluster: Volcano and the autoscaler count resources.
+DRA_RESOURCE_PREFIX = f"{DRA_GROUP}/"
 
 # --- Kueue ------------------------------------------------------------------------------------
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -7,6 +7,7 @@ whole, so a bad override is reported under `namespaces.<name>.<field>`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
@@ -20,6 +21,16 @@ from raygate.core import keys, quantity
 from raygate.core.modes import Mode, recorded_mode, rules_for
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
+# GPUs as the device plugins name them: NVIDIA's whole GPUs and its MIG slices (one resource per slice
+# profile, nvidia.com/mig-1g.10gb and so on, when the device plugin's MIG strategy is "mixed"), and AMD's.
+DEFAULT_MANAGED_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu")
+# The DeviceClasses the DRA drivers of the same vendors install: NVIDIA's GPUs and MIG slices, AMD's GPUs.
+DEFAULT_MANAGED_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "gpu.amd.com")
+# A resource name (an optional DNS prefix and a name), or the start of one followed by a single *.
+_RESOURCE_PATTERN = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?"  # prefix/
+    r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?|[-A-Za-z0-9_.]*\*)$"  # name, or its start and *
+)
 # KubeRay's own install (its kustomize default and Helm chart) runs the operator as this account.
 KUBERAY_OPERATOR_USER = "system:serviceaccount:ray-system:kuberay-operator"
 _GROUPS = frozenset({"system:authenticated", "system:unauthenticated", "system:masters"})
@@ -73,6 +84,21 @@ class ProvisioningPolicy(_Strict):
         return v
 
 
+class Limits(_Strict):
+    """What one Ray object may ask of the shared cluster; beyond it the object is refused, at create and on
+    update, with the numbers, and nothing is sent to the cluster-autoscaler."""
+
+    max_pods: int = Field(
+        4096, ge=1, le=1_000_000,
+        description="Most pods one RayJob or RayCluster may ever run: every group at its most (maxReplicas x "
+        "numOfHosts under autoscaling, else replicas x numOfHosts), the head and a submitter included.",
+    )
+    max_request_pods: int = Field(
+        1024, ge=1, le=1_000_000,
+        description="Most pods one ProvisioningRequest may book (the cluster-autoscaler simulates each of them).",
+    )
+
+
 class NamespacePolicy(_Strict):
     """What raygate does in one namespace."""
 
@@ -85,10 +111,16 @@ class NamespacePolicy(_Strict):
     priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class.")
     allow_user_queue: bool = Field(False, description="Keep a queue or priority label the user set.")
     managed_resources: list[str] = Field(
-        default_factory=lambda: ["nvidia.com/gpu"],
+        default_factory=lambda: list(DEFAULT_MANAGED_RESOURCES),
         min_length=1,
-        description="Pod sets requesting any of these go into the ProvisioningRequest.",
+        description="Pod sets requesting any of these go into the ProvisioningRequest; a trailing * matches "
+        "every resource that starts with the rest (nvidia.com/mig-* is every MIG slice profile).",
     )
+    managed_device_classes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_MANAGED_DEVICE_CLASSES),
+        description="DRA DeviceClasses whose devices count as managed when a pod claims them (resourceClaims).",
+    )
+    limits: Limits = Field(default_factory=Limits)
     provisioning: ProvisioningPolicy = Field(default_factory=ProvisioningPolicy)
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     max_gang: dict[str, str] | None = Field(
@@ -97,6 +129,15 @@ class NamespacePolicy(_Strict):
     fix_shutdown_after_job_finishes: bool = Field(
         False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
     )
+
+    @field_validator("managed_resources")
+    @classmethod
+    def _resource_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _RESOURCE_PATTERN.match(name) or name == "*":
+                raise ValueError(f"{name!r} is not a resource name, or a prefix of one ending in a single *: "
+                                 "write e.g. nvidia.com/gpu or nvidia.com/mig-*")
+        return v
 
     @field_validator("max_gang")
     @classmethod
@@ -134,6 +175,24 @@ class NamespacePolicy(_Strict):
         if self.provisioning.enabled is not None:
             return self.provisioning.enabled
         return rules_for(self.mode).provisions_by_default
+
+    @cached_property
+    def _managed(self) -> tuple[frozenset[str], tuple[str, ...], frozenset[str]]:
+        exact = frozenset(r for r in self.managed_resources if not r.endswith("*"))
+        prefixes = tuple(r[:-1] for r in self.managed_resources if r.endswith("*"))
+        return exact, prefixes, frozenset(self.managed_device_classes)
+
+    def manages(self, resource: str) -> bool:
+        """Whether a resource is one raygate books: a managedResources name or prefix, or the devices of a
+        managed DeviceClass (resource.k8s.io/<class>, as raygate counts DRA claims)."""
+        exact, prefixes, classes = self._managed
+        if resource.startswith(keys.DRA_RESOURCE_PREFIX):
+            return resource[len(keys.DRA_RESOURCE_PREFIX):] in classes
+        return resource in exact or resource.startswith(prefixes)
+
+    def managed_names(self) -> str:
+        """The managed resources and device classes, as messages name them."""
+        return ", ".join([*self.managed_resources, *(f"DeviceClass {c}" for c in self.managed_device_classes)])
 
     def max_gang_quantities(self) -> quantity.Resources:
         return {k: quantity.parse(v) for k, v in (self.max_gang or {}).items()}

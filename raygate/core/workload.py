@@ -7,16 +7,16 @@ performs I/O. Both the webhook and the reconciler use it, so they can never disa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from decimal import Decimal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from raygate.core import keys
+from raygate.core import dra, keys
 from raygate.core import quantity as q
 from raygate.core.objects import JSON, Path, get
 
 Obj = Mapping[str, Any]
+Manages = Callable[[str], bool]  # whether a resource name is one raygate books (NamespacePolicy.manages)
 
 
 class ManifestError(ValueError):
@@ -34,6 +34,8 @@ class PodSet:
     # Volcano plugin counts) and the most pods the Ray autoscaler may run (maxReplicas x hosts).
     min_count: int | None = None
     max_count: int | None = None
+    # DRA claims of its pods that could not be counted (dra.py says which and why).
+    uncounted: tuple[str, ...] = ()
 
     @property
     def gang_count(self) -> int:
@@ -53,8 +55,16 @@ class PodSet:
     def gang_total(self) -> q.Resources:
         return {k: v * self.gang_count for k, v in self.per_pod.items()}
 
-    def requests_any(self, names: list[str]) -> bool:
-        return any(self.per_pod.get(n, Decimal(0)) > 0 for n in names)
+    @property
+    def ceiling_total(self) -> q.Resources:
+        return {k: v * self.ceiling for k, v in self.per_pod.items()}
+
+    def requests_any(self, manages: Manages) -> bool:
+        return any(v > 0 and manages(r) for r, v in self.per_pod.items())
+
+    def managed(self, manages: Manages) -> q.Resources:
+        """What one pod asks of the resources raygate books."""
+        return {r: v for r, v in self.per_pod.items() if v > 0 and manages(r)}
 
 
 @dataclass(frozen=True)
@@ -71,16 +81,28 @@ class Gang:
 
     @property
     def min_resources(self) -> q.Resources:
-        """Volcano's minResources: the gang that must fit at once."""
-        return q.total(p.gang_total for p in self.pod_sets)
+        """Volcano's minResources: the gang that must fit at once (in resources a node offers: DRA devices,
+        which no node lists as allocatable, are left out)."""
+        total = q.total(p.gang_total for p in self.pod_sets)
+        return {k: v for k, v in total.items() if not dra.is_device_resource(k)}
 
     @property
     def start_resources(self) -> q.Resources:
         """What KubeRay's pods request at start: what raygate books and maxGang limits."""
         return q.total(p.total for p in self.pod_sets)
 
-    def managed_pod_sets(self, managed: list[str]) -> list[PodSet]:
-        return [p for p in self.pod_sets if p.count > 0 and p.requests_any(managed)]
+    @property
+    def ceiling_pods(self) -> int:
+        """The most pods the object can ever run (every set at its ceiling)."""
+        return sum(p.ceiling for p in self.pod_sets)
+
+    @property
+    def ceiling_resources(self) -> q.Resources:
+        """What those pods request: what maxGang limits."""
+        return q.total(p.ceiling_total for p in self.pod_sets)
+
+    def managed_pod_sets(self, manages: Manages) -> list[PodSet]:
+        return [p for p in self.pod_sets if p.count > 0 and p.requests_any(manages)]
 
     def to_json(self) -> dict[str, Any]:
         sets = []
@@ -206,6 +228,8 @@ class Workload:
     """A RayJob or a RayCluster, seen through what gang admission needs."""
 
     obj: Obj
+    # Where DRA claim templates are looked up (the caller's cache); unseen ones are not counted.
+    claim_templates: dra.ClaimTemplates = field(default=dra.no_templates, compare=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -273,6 +297,14 @@ class Workload:
             out.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
         return out
 
+    def _pod(self, template: Mapping[str, Any], path: Path) -> tuple[q.Resources, tuple[str, ...]]:
+        """One pod's effective request, the DRA devices it claims included, and the claims not counted."""
+        per_pod = pod_request(template, path)
+        if not get(template, ("spec", "resourceClaims")):
+            return per_pod, ()
+        devices, uncounted = dra.pod_devices(template, _where(path), self.namespace, self.claim_templates)
+        return q.add(per_pod, devices), tuple(uncounted)
+
     def gang(self) -> Gang:
         """Head + worker groups (+ submitter), with the undercounts of KubeRay's own rule fixed."""
         base = self.cluster_spec_path
@@ -283,7 +315,7 @@ class Workload:
         head_template = get(spec, ("headGroupSpec", "template"))
         if not isinstance(head_template, Mapping):
             raise ManifestError(f"{_where(head_path)} is missing: a Ray cluster needs a head pod template")
-        head = pod_request(head_template, head_path)
+        head, head_uncounted = self._pod(head_template, head_path)
         if autoscaling:
             opts = (*base, "autoscalerOptions", "resources")
             sidecar = (_resources(get(spec, opts[len(base):]), opts)
@@ -291,7 +323,7 @@ class Workload:
             head = q.add(head, sidecar)
         if submission == "SidecarMode":
             head = q.add(head, _parse_quantities(keys.SUBMITTER_DEFAULT_REQUESTS, ()))
-        sets = [PodSet(keys.HEAD_GROUP_TASK, 1, head, head_path)]
+        sets = [PodSet(keys.HEAD_GROUP_TASK, 1, head, head_path, uncounted=head_uncounted)]
         for i, g in self.worker_groups():
             path = (*base, "workerGroupSpecs", i)
             if g.get("suspend") is True:
@@ -310,14 +342,17 @@ class Workload:
             name = g.get("groupName")
             if not isinstance(name, str) or not name:
                 raise ManifestError(f"{_where((*path, 'groupName'))} must be a non-empty string")
-            sets.append(PodSet(name, replicas * hosts, pod_request(template, (*path, "template")), (*path, "template"),
+            per_pod, uncounted = self._pod(template, (*path, "template"))
+            sets.append(PodSet(name, replicas * hosts, per_pod, (*path, "template"),
                                min_count=lo * hosts if autoscaling else None,
-                               max_count=hi * hosts if autoscaling else None))
+                               max_count=hi * hosts if autoscaling else None, uncounted=uncounted))
         if submission == "K8sJobMode":
             tpl_path: Path = ("spec", "submitterPodTemplate")
             tpl = get(self.obj, tpl_path)
             if isinstance(tpl, Mapping):
-                sets.append(PodSet(keys.SUBMITTER_TASK, 1, pod_request(tpl, tpl_path), tpl_path, in_min_member=False))
+                per_pod, uncounted = self._pod(tpl, tpl_path)
+                sets.append(PodSet(keys.SUBMITTER_TASK, 1, per_pod, tpl_path, in_min_member=False,
+                                   uncounted=uncounted))
             else:
                 default = _parse_quantities(keys.SUBMITTER_DEFAULT_REQUESTS, ())
                 sets.append(PodSet(keys.SUBMITTER_TASK, 1, default, None, in_min_member=False))

@@ -422,6 +422,7 @@ ALLOWED: list[Case] = [
     # webhook: config and namespace caches, Events on its ConfigMap
     *_cases((WH,), "get list watch", ("configmaps",), SYS),
     *_cases((WH,), "get list watch", ("namespaces",), CLUSTER),
+    *_cases((WH,), "list watch", ("resourceclaimtemplates.resource.k8s.io",), ALL),
     *_cases((WH,), "create patch", EVENTS, SYS),
     # reconciler
     *_cases((RC,), "get list watch patch update", (RAYJOBS, RAYCLUSTERS), ML),
@@ -436,6 +437,8 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "create", (LEASES,), SYS),
     *_cases((RC,), "get list watch", ("configmaps",), SYS),
     *_cases((RC,), "get list watch", ("namespaces",), CLUSTER),
+    # Bookings live as long as their pods; DRA claims are counted from their templates.
+    *_cases((RC,), "list watch", ("pods", "resourceclaimtemplates.resource.k8s.io"), ALL),
 ]
 
 DENIED: list[Case] = [
@@ -454,7 +457,9 @@ DENIED: list[Case] = [
                             "validatingwebhookconfigurations.admissionregistration.k8s.io/other-webhook"), CLUSTER),
     *_cases(BOTH, "create", ("mutatingwebhookconfigurations.admissionregistration.k8s.io",), CLUSTER),
     *_cases(BOTH, "delete", (MWC, VWC), CLUSTER),
-    *_cases(BOTH, "create delete", ("pods",), ML),
+    *_cases(BOTH, "create delete update patch", ("pods",), ML),
+    *_cases((WH,), "list watch", ("pods",), ALL),
+    *_cases(BOTH, "create update delete", ("resourceclaimtemplates.resource.k8s.io",), ML),
     *_cases(BOTH, "update delete", ("configmaps",), SYS),
     *_cases(BOTH, "get", ("configmaps",), ML),
     # The webhook answers from caches: it writes no Ray object, gang object or Event outside its namespace.

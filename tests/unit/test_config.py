@@ -109,7 +109,7 @@ def test_defaults_when_nothing_is_configured() -> None:
     cfg = parse_config("")
     policy = cfg.policy_for("anywhere")
     assert policy.mode is Mode.PROVISIONING and policy.provisions and rules_for(policy.mode).holds
-    assert policy.managed_resources == ["nvidia.com/gpu"]
+    assert policy.managed_resources == ["nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu"]
     assert cfg.failure_policy == "Fail"
     assert cfg.trusted_users == [f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"]
     assert cfg.opted_in("team", {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE})

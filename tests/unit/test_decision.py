@@ -19,7 +19,7 @@ from builders import RayCluster, RayJob, config, container, gpu_job, pod_templat
 from raygate.core import keys
 from raygate.core.modes import Mode
 from raygate.core.patch import pointer
-from raygate.core.policy import KUBERAY_OPERATOR_USER, RaygateConfig
+from raygate.core.policy import KUBERAY_OPERATOR_USER, NamespacePolicy, RaygateConfig
 from raygate.core.workload import Workload
 from raygate.webhook.decision import Decision, mutate, validate
 
@@ -181,7 +181,8 @@ MUTATIONS = [
     ),
     Mutation(
         "kueue_autoscaling_allowed_with_elastic_annotation",
-        gpu_job().autoscaling().annotation(keys.KUEUE_ELASTIC_ANNOTATION, "true").obj(),
+        gpu_job().autoscaling().set("spec", "rayClusterSpec", "workerGroupSpecs", 0, "maxReplicas", value=8)
+        .annotation(keys.KUEUE_ELASTIC_ANNOTATION, "true").obj(),
         config(mode="kueue", queueName="team-lq"),
         expect={KUEUE_Q: "team-lq"},
     ),
@@ -565,7 +566,8 @@ REFUSALS = [
             config(mode="kueue", allowUserQueue=True)),
     Refusal("kueue_user_queue_label_ignored_when_forbidden", gpu_job().label(keys.KUEUE_QUEUE_LABEL, "mine").obj(),
             "set queueName", config(mode="kueue")),
-    Refusal("max_gang_gpu_exceeded", gpu_job().obj(), "needs 2 nvidia.com/gpu but namespace team allows at most 1",
+    Refusal("max_gang_gpu_exceeded", gpu_job().obj(), "up to 2 nvidia.com/gpu with every group at its most, but "
+            "namespace team allows at most 1",
             config(maxGang={"nvidia.com/gpu": "1"})),
     Refusal("max_gang_memory_exceeded", gpu_job().obj(), "allows at most 4Gi",
             config(maxGang={"memory": "4Gi"})),
@@ -763,15 +765,18 @@ def test_autoscaling_gang_tells_booked_pods_from_volcanos_min_member_and_the_cei
            .worker("gpu", replicas=10, min_replicas=0, max_replicas=16, hosts=2, limits={"nvidia.com/gpu": "1"}).obj())
     gpu = next(s for s in Workload(obj).gang().to_json()["podSets"] if s["name"] == "gpu")
     assert (gpu["count"], gpu["minMemberCount"], gpu["maxCount"]) == (20, 0, 32)
-    managed = Workload(obj).gang().managed_pod_sets(["nvidia.com/gpu"])
+    managed = Workload(obj).gang().managed_pod_sets(NamespacePolicy().manages)
     assert [(m.name, m.count) for m in managed] == [("gpu", 20)]  # a request for all 20: KubeRay starts them
 
 
-def test_max_gang_limits_what_kuberay_starts_under_autoscaling() -> None:
+@pytest.mark.parametrize("replicas", [10, 0], ids=["starts-at-the-top", "starts-at-zero"])
+def test_max_gang_limits_the_most_an_autoscaling_object_can_run(replicas: int) -> None:
+    """Not only the pods KubeRay starts: a group starting at 0 may be grown by the Ray autoscaler to maxReplicas."""
     obj = (RayJob().autoscaling()
-           .worker("gpu", replicas=10, min_replicas=0, max_replicas=10, limits={"nvidia.com/gpu": "1"}).obj())
+           .worker("gpu", replicas=replicas, min_replicas=0, max_replicas=10, limits={"nvidia.com/gpu": "1"}).obj())
     d = decide(obj, config(maxGang={"nvidia.com/gpu": "4"}))
-    assert not d.allowed and d.message is not None and "needs 10 nvidia.com/gpu" in d.message
+    assert not d.allowed and d.message is not None and "up to 10 nvidia.com/gpu" in d.message
+    assert decide(obj, config(maxGang={"nvidia.com/gpu": "10"})).allowed
 
 
 def test_webhook_decision_carries_the_gang_it_checked() -> None:

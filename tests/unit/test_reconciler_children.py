@@ -45,7 +45,7 @@ def pod_set(w: Workload, name: str) -> PodSet:
 
 
 def gpu_sets(w: Workload) -> list[PodSet]:
-    return w.gang().managed_pod_sets(["nvidia.com/gpu"])
+    return w.gang().managed_pod_sets(NamespacePolicy().manages)
 
 
 def request_for(w: Workload, sets: list[PodSet], pol: NamespacePolicy, attempt: int, version: str) -> JSON:

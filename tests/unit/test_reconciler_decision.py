@@ -63,7 +63,7 @@ def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float 
 
 
 def templates(w: Workload) -> tuple[dict[str, Any], ...]:
-    return tuple(children.pod_template(w, p) for p in w.gang().managed_pod_sets(["nvidia.com/gpu"]))
+    return tuple(children.pod_template(w, p) for p in w.gang().managed_pod_sets(NamespacePolicy().manages))
 
 
 def provisioning(attempt: int = 1, **extra: str) -> Workload:
@@ -565,3 +565,51 @@ def test_held_job_finishes_under_the_mode_it_was_held_with(now_mode: dict[str, A
                                                                         ("Provisioned", "True", "P")),),
                                                     templates=templates(w)), policy(**now_mode), NOW)
     assert admitted.outcome == "admitted"
+
+
+# --- a booking lives as long as its pods ------------------------------------------------------------
+
+def test_a_job_kuberay_refused_while_its_pods_run_keeps_its_booking_and_says_so() -> None:
+    w = job("Admitted", suspend=False, status={"jobDeploymentStatus": "ValidationFailed", "message": "bad ttl"},
+            annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
+    running = Observed(requests=(request(w, 1),), templates=templates(w), consumers={rname(w, 1): 2})
+    plan = decision.decide(w, running, policy(), NOW)
+    assert kinds(plan) == ["patch fail", "event RejectedByKubeRay"]  # no delete while 2 pods still run
+    after = applied(w, plan)
+    reason = after["metadata"]["annotations"][keys.REASON_ANNOTATION]
+    assert f"ProvisioningRequest {rname(w, 1)} stays while 2 of its pods still run" in reason
+    event = next(a for a in plan.actions if isinstance(a, Emit))
+    assert "The job stays suspended" not in event.message  # it was running: raygate does not pretend otherwise
+    # The pods end: the next decision frees the booking and its templates.
+    gone = Observed(requests=running.requests, templates=running.templates)
+    assert sorted(kinds(decision.decide(Workload(after), gone, policy(), NOW))) == [
+        f"delete PodTemplate {tname(w, 'gpu')}", f"delete ProvisioningRequest {rname(w, 1)}"]
+
+
+@pytest.mark.parametrize("status", [None, {"jobDeploymentStatus": "Complete"}], ids=["deleted", "finished"])
+def test_a_deleted_or_finished_job_keeps_its_booking_until_its_pods_end(status: dict[str, str] | None) -> None:
+    w = job("Admitted", suspend=False, status=status,
+            annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
+    if status is None:  # deleted, kept by a user's finalizer
+        obj = json.loads(json.dumps(w.obj))
+        obj["metadata"]["deletionTimestamp"] = "2030-01-01T11:59:30Z"
+        w = Workload(obj)
+    stale = request(w, 1)
+    stale["metadata"]["name"] = "train-old-a0"  # another request of the job that no pod consumes
+    obs = Observed(requests=(request(w, 1), stale), templates=templates(w), consumers={rname(w, 1): 1})
+    assert kinds(decision.decide(w, obs, policy(), NOW)) == ["delete ProvisioningRequest train-old-a0"]
+
+
+def test_a_job_gone_leaves_only_the_bookings_its_pods_still_use() -> None:
+    w = job("Admitted", suspend=False)
+    other = request(w, 2)
+    obs = Observed(requests=(request(w, 1), other), templates=templates(w), consumers={rname(w, 1): 3})
+    assert kinds(Plan(decision.delete_all(obs))) == [f"delete ProvisioningRequest {rname(w, 2)}"]
+
+
+def test_a_held_job_over_a_limit_is_failed_before_anything_is_asked_of_the_autoscaler() -> None:
+    """Held before the limit was lowered (or past a webhook that was down): nothing goes to the autoscaler."""
+    w = job(workers=5)
+    plan = decision.decide(w, Observed(), policy(limits={"maxRequestPods": 4}), NOW)
+    assert kinds(plan) == ["patch fail", "event InvalidJob"]
+    assert "would book 5 pods" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
