@@ -41,12 +41,12 @@ from raygate.core.api import (
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import reconciler_metrics_port, start_reconciler, start_webhook, stop_webhook
-from raygate.kube.client import MERGE_PATCH, ApiError, Kube
+from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
 
 pytestmark = pytest.mark.integration
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"rg-{k}-{SUFFIX}" for k in ("main", "retry", "timeout", "volcano", "revoke", "crash", "ray")}
+NS = {k: f"rg-{k}-{SUFFIX}" for k in ("main", "retry", "timeout", "volcano", "revoke", "crash", "ray", "limits")}
 QUEUE = f"rg-queue-{SUFFIX}"
 PR = provisioning_requests("v1")
 LEASE_ARGS = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5", "--resync-seconds", "30")
@@ -464,6 +464,107 @@ def test_kuberay_pods_carry_the_consume_annotations(env: Env) -> None:
     for pod in gpu_pods:
         assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
         assert pod["metadata"]["annotations"][keys.CLASS_ANNOTATION] == keys.CHECK_CAPACITY_CLASS
+
+
+# --- what one object may ask, and how long a booking lives ------------------------------------------
+
+def admitted_with_pods(env: Env, ns: str, name: str, obj: JSON | None = None) -> tuple[JSON, list[JSON]]:
+    """A job admitted on its request (the test plays the autoscaler), and its pods as KubeRay made them."""
+    create(env, ns, obj or rayjob(name))
+    pr = wait_request(env, ns, name, 1)
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, name, "Admitted")
+    return pr, wait_pods(env, ns, name, 3)
+
+
+def request_exists(env: Env, ns: str, name: str) -> bool:
+    return any(r["metadata"]["name"] == name for r in requests_of(env, ns))
+
+
+@pytest.mark.kuberay
+def test_a_job_kuberay_refuses_while_it_runs_keeps_its_booking_until_its_pods_end(env: Env) -> None:
+    ns = NS["ray"]
+    pr, _ = admitted_with_pods(env, ns, "refused-later")
+    name = pr["metadata"]["name"]
+    # An edit KubeRay answers with ValidationFailed, for good; its cluster and pods keep running.
+    env.kube.patch(RAYJOBS, "refused-later", {"spec": {"ttlSecondsAfterFinished": -1}}, ns, content_type=MERGE_PATCH)
+    failed = wait_state(env, ns, "refused-later", "Failed")
+    assert f"ProvisioningRequest {name} stays while 2 of its pods still run" in (ann(failed, keys.REASON_ANNOTATION)
+                                                                               or "")
+    consistently(lambda: request_exists(env, ns, name), 3, "the request to stay while its pods run")
+    cluster = job(env, ns, "refused-later")["status"]["rayClusterName"]
+    env.kube.delete(RAYCLUSTERS, cluster, ns)  # the pods go with their cluster
+    wait(lambda: not request_exists(env, ns, name), 60, "the request to go with the last of its pods")
+
+
+@pytest.mark.kuberay
+def test_a_deleted_job_kept_by_a_finalizer_keeps_its_booking_while_its_pods_run(env: Env) -> None:
+    ns = NS["ray"]
+    obj = rayjob("kept")
+    obj["metadata"]["finalizers"] = ["example.com/keep"]
+    pr, _ = admitted_with_pods(env, ns, "kept", obj)
+    name = pr["metadata"]["name"]
+    env.kube.delete(RAYJOBS, "kept", ns)
+    wait(lambda: job(env, ns, "kept")["metadata"].get("deletionTimestamp"), 20, "the job to be deleting")
+    consistently(lambda: request_exists(env, ns, name), 3, "the request to stay while the deleting job's pods run")
+    assert len(wait_pods(env, ns, "kept", 3)) == 3  # they did run all along
+    env.kube.patch(RAYJOBS, "kept", {"metadata": {"finalizers": None}}, ns, content_type=MERGE_PATCH)
+    wait(lambda: not request_exists(env, ns, name), 60, "the request to go with the job and its pods")
+
+
+def test_a_huge_group_is_refused_at_create_and_on_update_and_nothing_is_requested(env: Env) -> None:
+    ns = NS["limits"]
+    huge = rayjob("huge", groups=[worker_group("gpu", replicas=2147483647, max_replicas=2147483647,
+                                               limits=GPU["limits"], requests=GPU["requests"])])
+    with pytest.raises(ApiError) as refused:
+        create(env, ns, huge)
+    assert "can run up to 2,147,483,649 pods" in refused.value.message
+    assert "limits.maxPods in raygate-config" in refused.value.message
+    create(env, ns, rayjob("grows"))
+    wait_request(env, ns, "grows", 1)
+    before = {r["metadata"]["name"] for r in requests_of(env, ns)}
+    with pytest.raises(ApiError) as grown:  # held: an edit would replace the request with a huge one
+        group = "/spec/rayClusterSpec/workerGroupSpecs/0"
+        env.kube.patch(RAYJOBS, "grows", [{"op": "replace", "path": f"{group}/{field}", "value": 200000}
+                                          for field in ("replicas", "maxReplicas")], ns, content_type=JSON_PATCH)
+    assert "raygate refused this change of RayJob grows" in grown.value.message
+    assert "would book 200,000 pods" in grown.value.message
+    consistently(lambda: {r["metadata"]["name"] for r in requests_of(env, ns)} == before, 3,
+                 "no new request for the refused size")
+
+
+def test_a_mig_group_is_booked_by_default(env: Env) -> None:
+    ns = NS["limits"]
+    mig = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/mig-1g.10gb": "1"}}
+    create(env, ns, rayjob("mig", groups=[worker("slices", 3, mig)]))
+    pr = wait_request(env, ns, "mig", 1)
+    assert [s["count"] for s in pr["spec"]["podSets"]] == [3]
+    template = next(t for t in templates_of(env, ns)
+                    if t["metadata"]["name"] == pr["spec"]["podSets"][0]["podTemplateRef"]["name"])
+    limits = template["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/mig-1g.10gb"] == "1"
+
+
+def test_gpus_claimed_through_dra_are_refused_where_raygate_books(env: Env) -> None:
+    ns = NS["limits"]
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "two-gpus", "namespace": ns},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}}
+    env.cluster.kubectl("apply", "-f", "-", input_text=json.dumps(template))
+    obj = rayjob("dra", groups=[worker("gpu", 2, CPU)])
+    obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["resourceClaims"] = [
+        {"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
+
+    def refused() -> str | None:  # the webhook's cache sees the template within moments
+        try:
+            create(env, ns, obj)
+        except ApiError as err:
+            return err.message if "2 gpu.nvidia.com per pod" in err.message else None
+        env.kube.delete(RAYJOBS, "dra", ns)
+        raise AssertionError("a RayJob claiming GPUs through DRA was admitted in a namespace raygate books")
+    message = str(wait(refused, 20, "the refusal to count the claimed GPUs"))
+    assert "kubernetes/autoscaler#10065" in message
 
 
 # --- replicas and crashes ------------------------------------------------------------------------
