@@ -8,7 +8,7 @@ The test plays cluster-autoscaler by patching ProvisioningRequest status, so exa
 books is known; the real autoscaler answers requests in test_capacity.py.
 
 After every attempt `assert_gate_holds` counts the GPU pods of each Ray object against the pod sets of
-its current Provisioned request: the invariant the README states under "What raygate guarantees".
+its current Provisioned request: the invariant docs/guarantees.md states.
 """
 
 from __future__ import annotations

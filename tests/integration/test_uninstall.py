@@ -182,7 +182,7 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
     wait(lambda: env.release("-n", NS["release"]).returncode == 0, 60, "the reconciler's Lease to expire",
          interval=1)
 
-    # As the README says: still suspended, raygate's label and annotations kept, the children kept,
+    # As docs/install.md says: still suspended, raygate's label and annotations kept, the children kept,
     # and KubeRay never made a cluster for it. Nothing is left to unsuspend it.
     before = {key: env.job(NS[key]) for key in ("release", "delete")}
     for key, obj in before.items():
