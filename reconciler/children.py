@@ -15,12 +15,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from raygate.core import keys
+from raygate.core import keys, podgate
 from raygate.core import quantity as q
 from raygate.core.keys import ChildKind
 from raygate.core.objects import JSON, controller_ref, get, meta_str
 from raygate.core.policy import NamespacePolicy
-from raygate.core.workload import PodSet, Workload, child_metadata
+from raygate.core.workload import Manages, PodSet, Workload, child_metadata
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -66,30 +66,11 @@ def _digest(obj: JSON) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# Pod spec fields that decide which nodes a pod fits on, besides its resource requests.
-PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
-                    "runtimeClassName", "schedulerName", "nodeName", "resourceClaims")
-
-
-def _pruned(value: Any) -> Any:
-    """Without nulls and empty objects or lists: a typed client's round trip adds them (KubeRay's updates
-    write `creationTimestamp: null` and `resources: {}` into every template) without changing a pod."""
-    if isinstance(value, Mapping):
-        out = {k: _pruned(v) for k, v in value.items()}
-        return {k: v for k, v in out.items() if v not in (None, {}, [])}
-    if isinstance(value, list):
-        return [_pruned(v) for v in value]
-    return value
-
-
 def placement(w: Workload, pod_set: PodSet) -> JSON:
     """What the capacity booked for a pod set depends on: each pod's effective request (quantities in
     canonical form) and the fields that choose its nodes. An image or a command can change freely."""
     spec = get(w.obj, (*pod_set.template_path, "spec")) if pod_set.template_path is not None else None
-    view: JSON = {"resources": q.render(pod_set.per_pod)}
-    if isinstance(spec, Mapping):
-        view.update({k: _pruned(spec[k]) for k in PLACEMENT_FIELDS if _pruned(spec.get(k)) not in (None, {}, [])})
-    return view
+    return {"resources": q.render(pod_set.per_pod), **podgate.fields_view(spec, podgate.PLACEMENT_FIELDS)}
 
 
 def fingerprint(w: Workload, pod_sets: Sequence[PodSet]) -> str:
@@ -125,8 +106,17 @@ def _template_of(w: Workload, pod_set: PodSet) -> JSON:
     return template
 
 
-def pod_template(w: Workload, pod_set: PodSet) -> JSON:
-    return {"metadata": child_metadata(w, template_name(w, pod_set)), "template": _template_of(w, pod_set)}
+def pod_template(w: Workload, pod_set: PodSet, manages: Manages) -> JSON:
+    """The PodTemplate a request's pod set refers to, recording the pod set and what pods it covers."""
+    template = _template_of(w, pod_set)
+    return templated(child_metadata(w, template_name(w, pod_set)), pod_set.name, template,
+                     pod_set.managed(manages))
+
+
+def templated(meta: JSON, pod_set: str, template: JSON, managed: q.Resources) -> JSON:
+    meta["annotations"] = {keys.POD_SET_ANNOTATION: pod_set,
+                           keys.PLACEMENT_ANNOTATION: podgate.match_digest(template.get("spec"), managed)}
+    return {"metadata": meta, "template": template}
 
 
 def parameters(w: Workload, policy: NamespacePolicy) -> dict[str, str]:

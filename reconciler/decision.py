@@ -300,7 +300,7 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: 
     have = obs.template_names()
     wanted = set()
     for p in needs.managed:
-        t = children.pod_template(w, p)
+        t = children.pod_template(w, p, policy.manages)
         wanted.add(_name(t))
         if _name(t) not in have:
             actions.append(Create(ChildKind.POD_TEMPLATE, t))

@@ -7,39 +7,19 @@ a review is answered in microseconds and `dryRun` behaves exactly like a real re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from raygate.core import dra, keys, limits
-from raygate.core.modes import Mode, recorded_mode, rules_for
+from raygate.core.modes import recorded_mode, rules_for
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.policy import NamespacePolicy, RaygateConfig
-from raygate.core.workload import Gang, ManifestError, Workload
-from raygate.webhook import guard
-from raygate.webhook.review import AdmissionRequest, username
+from raygate.core.workload import ManifestError, Workload
+from raygate.webhook import guard, pods
+from raygate.webhook.review import AdmissionRequest, kind_of, username
+from raygate.webhook.verdict import Decision, allow, refuse
 
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
-
-
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool
-    outcome: str  # for metrics and logs: mutated, unchanged, skipped-*, refused, denied
-    patch: list[PatchOp] = field(default_factory=list)
-    message: str | None = None
-    code: int | None = None
-    warnings: list[str] = field(default_factory=list)
-    gang: Gang | None = None
-    mode: Mode | None = None
-
-
-def allow(outcome: str, message: str | None = None) -> Decision:
-    return Decision(allowed=True, outcome=outcome, message=message)
-
-
-def refuse(message: str, *, code: int = 422, mode: Mode | None = None) -> Decision:
-    return Decision(allowed=False, outcome="refused", message=message, code=code, mode=mode)
 
 
 def _kuberay_child(w: Workload, user: str, config: RaygateConfig) -> bool:
@@ -124,6 +104,8 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
 
     `ns_labels` and `claims` (DRA claim templates) come from the server's caches."""
     try:
+        if kind_of(request) == pods.POD_KIND:
+            return pods.mutate(request, ns_labels, config, claims)
         return _mutate(request, ns_labels, config, claims)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)
@@ -201,6 +183,8 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
              claims: dra.ClaimTemplates = dra.no_templates) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
     try:
+        if kind_of(request) == pods.POD_KIND:
+            return pods.validate(request, ns_labels, config, claims)
         return _validate(request, ns_labels, config, claims)
     except ManifestError as err:
         return _unreadable(request, err)

@@ -15,8 +15,9 @@ import orjson
 
 from raygate.core.dra import ClaimTemplates, no_templates
 from raygate.core.policy import RaygateConfig
-from raygate.webhook.decision import Decide, Decision
+from raygate.webhook.decision import Decide
 from raygate.webhook.review import AdmissionRequest, BadReview, parse_review, response
+from raygate.webhook.verdict import Decision
 
 log = logging.getLogger("raygate.webhook")
 

@@ -21,6 +21,20 @@ NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
 ADMITTED_AT_ANNOTATION = f"{DOMAIN}/admitted-at"
 # On a ProvisioningRequest: the fingerprint of the pod sets it books (names, counts, templates).
 POD_SETS_ANNOTATION = f"{DOMAIN}/pod-sets"
+# The pod gate: every GPU pod of a Ray object is created with this scheduling gate (and this label,
+# "gated", then "released"); only raygate's reconciler lifts it, against a Provisioned booking.
+CAPACITY_GATE = f"{DOMAIN}/capacity"
+POD_GATE_LABEL = f"{DOMAIN}/pod-gate"
+POD_GATED = "gated"
+POD_RELEASED = "released"
+# On a ProvisioningRequest that books a scale-up (pods beyond the admitted gang): its pod set's name.
+SCALE_UP_ANNOTATION = f"{DOMAIN}/scale-up"
+# On a Ray object: why its latest scale-up waits (pods gated until their request is Provisioned).
+SCALE_UP_REASON_ANNOTATION = f"{DOMAIN}/scale-up-reason"
+# On the PodTemplates raygate makes: the pod set they stand for and a digest of where its pods fit,
+# so a pod is matched only to a booking made for pods like it.
+POD_SET_ANNOTATION = f"{DOMAIN}/pod-set"
+PLACEMENT_ANNOTATION = f"{DOMAIN}/placement"
 # Per-job ProvisioningRequest parameter overrides: provreq.raygate.io/<Parameter>: value
 PROVREQ_PARAM_PREFIX = "provreq.raygate.io/"
 # On the objects the reconciler creates (PodTemplates, ProvisioningRequests, PodGroups), so its
@@ -59,6 +73,8 @@ ORIGINATED_FROM_NAME_LABEL = "ray.io/originated-from-cr-name"
 RAY_PRIORITY_CLASS_LABEL = "ray.io/priority-class-name"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"  # on every head and worker pod KubeRay creates (not overridable)
+RAY_GROUP_LABEL = "ray.io/group"  # the pod's group: headgroup or the worker group's name (not overridable)
+KUBERAY_CREATED_BY = ("app.kubernetes.io/created-by", "kuberay-operator")  # on the batch Jobs KubeRay makes
 HEAD_GROUP_TASK = "headgroup"
 SUBMITTER_TASK = "submittergroup"
 # KubeRay's defaults for pods it adds that are not in any template.

@@ -115,7 +115,7 @@ def test_request_records_the_fingerprint_of_what_it_books() -> None:
 
 def test_owner_reference_is_the_controlling_job() -> None:
     w = rayjob()
-    pt = children.pod_template(w, gpu_sets(w)[0])
+    pt = children.pod_template(w, gpu_sets(w)[0], NamespacePolicy().manages)
     assert pt["metadata"]["ownerReferences"] == [{
         "apiVersion": "ray.io/v1", "kind": "RayJob", "name": "train", "uid": "uid-1",
         "controller": True, "blockOwnerDeletion": True,
@@ -129,7 +129,7 @@ def test_pod_template_copies_the_template_without_a_consume_annotation() -> None
     g = group("gpu")
     g["template"]["metadata"]["annotations"][keys.CONSUME_ANNOTATION] = "old-request"
     w = rayjob("train", g)
-    pt = children.pod_template(w, gpu_sets(w)[0])
+    pt = children.pod_template(w, gpu_sets(w)[0], NamespacePolicy().manages)
     assert pt["template"]["metadata"]["annotations"] == {"keep": "me"}
     assert pt["template"]["spec"] == g["template"]["spec"]
     assert w.obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"][

@@ -63,7 +63,8 @@ def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float 
 
 
 def templates(w: Workload) -> tuple[dict[str, Any], ...]:
-    return tuple(children.pod_template(w, p) for p in w.gang().managed_pod_sets(NamespacePolicy().manages))
+    manages = NamespacePolicy().manages
+    return tuple(children.pod_template(w, p, manages) for p in w.gang().managed_pod_sets(manages))
 
 
 def provisioning(attempt: int = 1, **extra: str) -> Workload:

@@ -1,0 +1,150 @@
+"""The gate at the pod: what makes a pod one raygate gates, and what a booking covers.
+
+The promise is about pods: no GPU pod of a Ray object binds a GPU unless a Provisioned booking covers
+it. The Ray spec is an open-ended way to make pods (in-tree autoscaling, edits, KubeRay's own batch
+Jobs), so the webhook gates the pods themselves: in a namespace where raygate books capacity, every
+pod that asks for a managed resource is created with the scheduling gate `raygate.io/capacity`. A
+gated pod is never scheduled, and the cluster-autoscaler (which scales up only for pods the
+scheduler marked Unschedulable) never adds a node for it, so it holds no GPU. Only the reconciler
+lifts the gate, one pod per booked slot (reconciler/release.py).
+
+One rule, no exception by identity: who creates the pod (KubeRay, the Job controller, a user) does
+not matter at the gate. Whose booking a pod may use is the reconciler's question, asked of the
+pod's owners as the API server records them.
+
+Pure: pods in, patch operations or verdicts out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from raygate.core import dra, keys
+from raygate.core import quantity as q
+from raygate.core.modes import rules_for
+from raygate.core.objects import JSON, get
+from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.workload import ManifestError, pod_request
+
+if TYPE_CHECKING:
+    from raygate.core.policy import NamespacePolicy
+
+# Pod spec fields that decide which nodes a pod fits on, besides its resource requests.
+PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
+                    "runtimeClassName", "schedulerName", "nodeName", "resourceClaims")
+# What a booking for a pod set must agree on with a pod to cover it: the fields that choose its nodes
+# (nodeName aside: a gated pod never has one) and what it asks of the managed resources.
+MATCHED_FIELDS = tuple(f for f in PLACEMENT_FIELDS if f != "nodeName")
+
+
+def pruned(value: Any) -> Any:
+    """Without nulls and empty objects or lists: a typed client's round trip adds them (KubeRay's updates
+    write `creationTimestamp: null` and `resources: {}` into every template) without changing a pod."""
+    if isinstance(value, Mapping):
+        out = {k: pruned(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [pruned(v) for v in value]
+    return value
+
+
+def fields_view(spec: Any, fields: tuple[str, ...]) -> JSON:
+    if not isinstance(spec, Mapping):
+        return {}
+    return {k: v for k in fields if (v := pruned(spec.get(k))) not in (None, {}, [])}
+
+
+def digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
+    """Pods and the PodTemplate of a pod set agree here exactly when a booking for the one covers the
+    other: same managed request per pod, same node selection. (KubeRay adds containers of its own, its
+    autoscaler sidecar and an init container, that ask for no managed resource.)"""
+    return digest({"managed": q.render(managed), **fields_view(spec, MATCHED_FIELDS)})
+
+
+# --- at the webhook ---------------------------------------------------------------------------------
+
+def gates_pods(policy: NamespacePolicy) -> bool:
+    """Where pods are gated: in a namespace where raygate holds jobs and books their capacity. In kueue mode
+    Kueue is the gate; in volcano mode without ProvisioningRequests the PodGroup is (Volcano binds the
+    gang whole or not at all, and growth after admission is refused there)."""
+    return rules_for(policy.mode).holds and policy.provisions
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    gates = get(pod, ("spec", "schedulingGates"))
+    return isinstance(gates, list) and any(isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE
+                                           for g in gates)
+
+
+def managed_request(pod: Mapping[str, Any], policy: NamespacePolicy, claims: dra.ClaimTemplates,
+                    namespace: str) -> tuple[q.Resources, list[str]]:
+    """What one pod asks of the managed resources (containers, init and sidecar containers, overhead;
+    requests, or limits alone; DRA devices), and the DRA claims that could not be counted.
+    Raises ManifestError for a spec the scheduler could not read either."""
+    per_pod = pod_request(pod, ())
+    devices, uncounted = dra.pod_devices(pod, "pod", namespace, claims)
+    per_pod = q.add(per_pod, devices)
+    return {r: v for r, v in per_pod.items() if v > 0 and policy.manages(r)}, uncounted
+
+
+def needs_gate(pod: Mapping[str, Any], policy: NamespacePolicy, claims: dra.ClaimTemplates,
+               namespace: str) -> bool:
+    """A pod that asks for a managed resource, or claims devices raygate cannot count (never a silent pass)."""
+    try:
+        managed, uncounted = managed_request(pod, policy, claims, namespace)
+    except ManifestError:
+        return True  # unreadable requests: gate it, the scheduler will refuse it anyway
+    return bool(managed or uncounted)
+
+
+def gate(b: PatchBuilder, pod: Mapping[str, Any]) -> None:
+    """Add raygate's scheduling gate and label to a pod being created (both idempotent)."""
+    if not gated(pod):
+        gates = get(pod, ("spec", "schedulingGates"))
+        if isinstance(gates, list):
+            b.ops.append({"op": "add", "path": pointer(("spec", "schedulingGates", "-")),
+                          "value": {"name": keys.CAPACITY_GATE}})
+        else:
+            b.set(("spec", "schedulingGates"), [{"name": keys.CAPACITY_GATE}])
+    b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_GATED)
+
+
+def release_ops(pod: Mapping[str, Any], request: str, class_name: str) -> list[PatchOp]:
+    """The patch that lifts raygate's gate from one pod and names the booking it consumes. It tests that
+    the gate is still where it was, so a pod is never released twice, whoever else acts."""
+    gates = get(pod, ("spec", "schedulingGates")) or []
+    index = next(i for i, g in enumerate(gates) if isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)
+    gate_path = pointer(("spec", "schedulingGates", index))
+    ops: list[PatchOp] = [{"op": "test", "path": f"{gate_path}/name", "value": keys.CAPACITY_GATE},
+                          {"op": "remove", "path": gate_path}]
+    b = PatchBuilder(pod)
+    b.set(("metadata", "annotations", keys.CONSUME_ANNOTATION), request)
+    b.set(("metadata", "annotations", keys.CLASS_ANNOTATION), class_name)
+    b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_RELEASED)
+    return [*ops, *b.ops]
+
+
+def pod_set_of(pod: Mapping[str, Any]) -> str:
+    """The pod set a pod belongs to: its Ray group (KubeRay's label, which templates cannot override), or
+    the submitter for a pod of KubeRay's batch Job."""
+    group = get(pod, ("metadata", "labels", keys.RAY_GROUP_LABEL))
+    if isinstance(group, str) and group:
+        return keys.HEAD_GROUP_TASK if group == "headgroup" else group
+    return keys.SUBMITTER_TASK
+
+
+def template_of_pod(pod: Mapping[str, Any]) -> JSON:
+    """A PodTemplate's template made from a gated pod, for the autoscaler to simulate the pods like it:
+    the pod as created, without what only the API server and the scheduler set."""
+    spec = {k: v for k, v in (pod.get("spec") or {}).items()
+            if k not in ("nodeName", "schedulingGates", "serviceAccount")}
+    meta = pod.get("metadata") or {}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != keys.POD_GATE_LABEL}
+    return {"metadata": {"labels": labels}, "spec": spec}
