@@ -151,3 +151,29 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
     meta["annotations"] = {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
     return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": ChildKind.PROVISIONING_REQUEST.value,
             "metadata": meta, "spec": spec}
+
+
+# --- scale-ups: pods beyond the admitted gang, booked as gangs of their own ------------------------
+
+def scale_up_template(w: Workload, pod_set: str, digest: str, pod: JSON, managed: q.Resources) -> JSON:
+    """The PodTemplate of a scale-up, made from a gated pod (the pods are the truth, whatever the spec
+    says now); one per pod set and placement, shared by every scale-up of the same shape."""
+    name_hash = short_hash(_job_hash(w), pod_set, digest)
+    set_part = _dns(pod_set, 24)
+    name = f"{_dns(w.name, MAX_NAME - len(name_hash) - len(set_part) - 4)}-{set_part}-{name_hash}-s"
+    return templated(child_metadata(w, name), pod_set, podgate.template_of_pod(pod), managed)
+
+
+def scale_up_request(w: Workload, pod_set: str, template: str, count: int, existing: Sequence[str],
+                     policy: NamespacePolicy, api_version: str) -> JSON:
+    """A request for `count` more pods of `pod_set`. Named after what the reconciler saw when it asked
+    (the requests the object had, and the count), so a replay after a crash finds the same name."""
+    suffix = f"-{short_hash(_job_hash(w), pod_set, template, str(count), *sorted(existing))}-s"
+    meta = child_metadata(w, _dns(w.name, MAX_NAME - len(suffix)) + suffix)
+    meta["annotations"] = {keys.SCALE_UP_ANNOTATION: pod_set}
+    spec: JSON = {"provisioningClassName": policy.provisioning.scale_up_class_name,
+                  "podSets": [{"podTemplateRef": {"name": template}, "count": count}]}
+    if params := parameters(w, policy):
+        spec["parameters"] = params
+    return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": ChildKind.PROVISIONING_REQUEST.value,
+            "metadata": meta, "spec": spec}

@@ -17,17 +17,18 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import orjson
 
-from raygate.core import dra, keys, logs
+from raygate.core import dra, keys, logs, podgate
 from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource
 from raygate.core.conditions import conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules
 from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
 from raygate.kube import discovery, events
 from raygate.kube.client import JSON_PATCH, ApiError, Kube
@@ -35,11 +36,13 @@ from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.reconciler import children, decision, metrics
 from raygate.reconciler.decision import Outcome, Step
+from raygate.reconciler.pods import JOBS, PodIndex
 from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
-JobKey = tuple[str, str, str]  # (kind, namespace, name)
+JobKey = tuple[str, str, str]  # (kind, namespace, name); kind POD: a pod to place (reconciler/pods.py)
+POD = "Pod"
 ChildKey = tuple[ChildKind, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
@@ -147,14 +150,15 @@ class Controller:
                                         handler=self._child_event(kind), transform=child_view, compact=True,
                                         page_size=LIST_PAGE)
                          for kind, res in self.child_resources.items()}
-        # Ray pods, to know which bookings pods still consume (a request goes only when its pods have).
-        self.pods = Informer(kube, PODS, label_selector=keys.RAY_NODE_TYPE_LABEL, resync_seconds=rs,
-                             handler=self._pod_event, transform=pod_view, compact=True, page_size=LIST_PAGE)
+        # Pods: which bookings they consume (a request goes only when its pods have), and the gated ones to
+        # release against bookings (reconciler/pods.py).
+        self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of_cluster=self._cluster_owner,
+                             on_change=self.queue.add, on_unowned=lambda pod: self.queue.add((POD, *pod)),
+                             on_consumers=self._consumers_changed)
         # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).
         self.claim_templates = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=rs, transform=dra.template_view,
                                          page_size=LIST_PAGE)
                                 if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
-        self._consumers: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> its pods that still run
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
         self._fresh: dict[JobKey, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
@@ -166,7 +170,7 @@ class Controller:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def _informers(self) -> list[Informer]:
-        caches = [*self.jobs.values(), *self.children.values(), self.pods]
+        caches = [*self.jobs.values(), *self.children.values(), *self.pods.all_informers()]
         return caches if self.claim_templates is None else [*caches, self.claim_templates]
 
     def start_informers(self) -> None:
@@ -243,27 +247,22 @@ class Controller:
 
         return handle
 
-    def _pod_event(self, event: str, obj: JSON) -> None:
-        """Track which requests pods still consume; the job whose booking gains its first pod or loses its
-        last one is reconciled (a request whose pods have all ended can go)."""
-        request = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
-        if not isinstance(request, str) or not request:
-            return
-        namespace, pod = meta_str(obj, "namespace"), meta_str(obj, "name")
-        runs = event != "DELETED" and get(obj, ("status", "phase")) not in TERMINAL_POD_PHASES
-        with self._lock:
-            pods = self._consumers.setdefault((namespace, request), set())
-            before = bool(pods)
-            if runs:
-                pods.add(pod)
-            else:
-                pods.discard(pod)
-            if not pods:
-                del self._consumers[(namespace, request)]
-            changed = before != bool(pods)
-        owner = self._request_owner(namespace, request) if changed else None
+    def _consumers_changed(self, namespace: str, request: str) -> None:
+        """A request got its first running pod or lost its last one: its job decides whether it may go."""
+        owner = self._request_owner(namespace, request)
         if owner is not None:
             self.queue.add(owner)
+
+    def _cluster_owner(self, namespace: str, name: str, uid: str) -> JobKey | None:
+        """Whose booking the pods of a RayCluster use: the RayJob's for KubeRay's cluster of a RayJob, the
+        cluster's own for one raygate holds, none for one it does not."""
+        cluster = self.jobs[keys.RAYCLUSTER_KIND].get(namespace, name)
+        if cluster is None or meta_str(cluster, "uid") != uid:
+            return None
+        parent = Workload(cluster).rayjob_parent()
+        if parent is not None and self.kuberay_child(cluster):
+            return keys.RAYJOB_KIND, namespace, parent[0]
+        return keys.RAYCLUSTER_KIND, namespace, name
 
     def _request_owner(self, namespace: str, request: str) -> JobKey | None:
         informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
@@ -316,6 +315,9 @@ class Controller:
             self.queue.forget(key)
 
     def reconcile(self, key: JobKey) -> None:
+        if key[0] == POD:
+            self._reconcile_pod(key[1], key[2])
+            return
         obj = self._job(key)
         kids = self._children_of(key)
         if obj is None:
@@ -329,11 +331,34 @@ class Controller:
         self._delete_orphans(strays)  # children of an earlier job of the same name
         self._reconcile_job(key, obj, mine, retry_conflict=True)
 
+    def _reconcile_pod(self, namespace: str, name: str) -> None:
+        """A gated pod the caches could not place: find its owner through its batch Job, or lift the gate of a
+        pod no Ray object owns (not raygate's to hold). A Ray object raygate does not hold has no booking:
+        its pods stay gated."""
+        pod = self.pods.get((namespace, name))
+        if pod is None or not podgate.gated(pod):
+            return
+        job_name = self.pods.job_name(pod)
+        job = None
+        if job_name:
+            try:
+                job = self.kube.get(JOBS, job_name, namespace)
+            except ApiError as err:
+                if not err.not_found:
+                    raise
+        owner = self.pods.owner(pod, job)
+        if owner is not None:
+            self.pods.assign((namespace, name), owner)
+            self.queue.add(owner)
+        elif not self.pods.ray_owned(pod, job):
+            self._release(namespace, decision.ReleasePod(name, tuple(podgate.release_ops(pod, None, None))))
+            log.info("pod of no Ray object released", extra={"namespace": namespace, "object": name})
+
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
         w = Workload(obj, self._claim_template)
         policy = self.config.config.policy_for(w.namespace)
-        obs = self._observed(w.namespace, kids)
+        obs = self._observed(w.namespace, kids, key, policy.for_mode(policy.recorded_mode(w.annotations)))
         prerequisite = decision.prerequisite_to_check(w, policy, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
@@ -368,14 +393,15 @@ class Controller:
     def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
+        releases: list[Future[None]] = []  # a gang's pods are released side by side
         for action in _with_templates_grouped(plan.actions):
             if isinstance(action, list):
                 # A job's PodTemplates do not depend on each other: its request (which names them)
                 # waits for one round trip to the API server instead of one per template.
                 others = [self._side.submit(self._create, a) for a in action[1:]]
                 self._create(action[0])
-                for f in others:
-                    f.result()
+                for created in others:
+                    created.result()
             elif isinstance(action, decision.Create):
                 if not self._create(action):
                     continue
@@ -397,8 +423,12 @@ class Controller:
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
+            elif isinstance(action, decision.ReleasePod):
+                releases.append(self._side.submit(self._release, key[1], action))
             elif isinstance(action, decision.Emit):
                 self.events.send(job, action)
+        for released in releases:
+            released.result()
 
     def _count_step(self, step: Step, w: Workload, now: dt.datetime) -> None:
         if step in (Step.RETRY, Step.FAIL) and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
@@ -439,15 +469,29 @@ class Controller:
             if self.children[action.kind].get(namespace, action.name) is not None:
                 self._gone.add(ck)
 
-    def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]]) -> decision.Observed:
-        requests = tuple(kids.get(ChildKind.PROVISIONING_REQUEST, ()))
-        with self._lock:
-            consumers = {name: len(pods) for r in requests
-                         if (pods := self._consumers.get((namespace, name := meta_str(r, "name"))))}
+    def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: JobKey | None = None,
+                  policy: NamespacePolicy | None = None) -> decision.Observed:
+        every = kids.get(ChildKind.PROVISIONING_REQUEST, [])
+        consumers = {name: n for r in every if (n := self.pods.consumers(namespace, name := meta_str(r, "name")))}
         return decision.Observed(
-            requests=requests, consumers=consumers, templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
+            requests=tuple(r for r in every if not get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
+            scale_ups=tuple(r for r in every if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
+            consumers=consumers, templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
             groups=tuple(g for kind in self.group_kinds for g in kids.get(kind, ())),
+            pods=self.pods.pods_of(key, policy, self._claim_template) if key and policy else (),
         )
+
+    def _release(self, namespace: str, action: decision.ReleasePod) -> None:
+        """Lift a pod's gate. The patch tests the gate it removes: one already lifted (by another replica, or
+        before a crash) answers 422, and nothing is released twice."""
+        try:
+            pod = self.kube.patch(PODS, action.name, list(action.ops), namespace, content_type=JSON_PATCH)
+        except ApiError as err:
+            if err.status in (404, 409, 422):
+                return
+            raise
+        self.pods.released((namespace, action.name), pod)
+        metrics.PODS_RELEASED.inc()
 
     def _delete_orphans(self, kids: dict[ChildKind, list[JSON]]) -> None:
         """Children of a job that is gone: all go, but for bookings its pods still consume (they go with
@@ -483,18 +527,6 @@ def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decisi
         yield run
     else:
         yield from run
-
-
-TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-def pod_view(obj: JSON) -> JSON:
-    """A Ray pod as the reconciler keeps it: which booking it consumes, and whether it still runs."""
-    meta = metadata(obj)
-    consumes = get(meta, ("annotations", keys.CONSUME_ANNOTATION))
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
-            "status": {"phase": get(obj, ("status", "phase"))}}
 
 
 def _typed(obj: JSON, kind: str) -> JSON:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from raygate.core import booking, keys, limits
+from raygate.core import booking, keys, limits, podgate
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
@@ -25,7 +25,7 @@ from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
 from raygate.core.workload import ManifestError, PodSet, Workload
-from raygate.reconciler import children
+from raygate.reconciler import children, gating
 from raygate.reconciler.children import BadInput
 
 PREREQUISITE_RECHECK_SECONDS = 10.0
@@ -58,7 +58,7 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     if state == keys.State.PROVISIONING:
         return _provisioning(w, obs, policy, now, provreq_version)
     if state == keys.State.ADMITTED:
-        return _admitted(w, obs, policy, now)
+        return _admitted(w, obs, policy, now, provreq_version)
     if state == keys.State.FAILED:
         actions = delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
@@ -162,6 +162,14 @@ class PatchJob:
 
 
 @dataclass(frozen=True)
+class ReleasePod:
+    """Lift raygate's gate from a pod, naming the booking it consumes (a JSON patch that tests the gate)."""
+
+    name: str
+    ops: tuple[PatchOp, ...]
+
+
+@dataclass(frozen=True)
 class Emit:
     reason: str  # PascalCase
     message: str
@@ -169,7 +177,7 @@ class Emit:
     name: str | None = None  # deterministic, so a replay records no second Event
 
 
-Action = Create | Delete | PatchJob | Emit
+Action = Create | Delete | PatchJob | ReleasePod | Emit
 
 
 @dataclass
@@ -187,7 +195,9 @@ class Plan:
 
 @dataclass(frozen=True)
 class Observed:
-    requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls
+    requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls for its gang
+    scale_ups: tuple[JSON, ...] = ()  # ProvisioningRequests for pods beyond the admitted gang
+    pods: tuple[gating.Pod, ...] = ()  # its pods that raygate gated (gated, or released)
     consumers: Mapping[str, int] = field(default_factory=dict)  # request name -> its pods that still run
     templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
     groups: tuple[JSON, ...] = ()  # group objects (Volcano PodGroups) raygate created for this job
@@ -468,7 +478,7 @@ def _group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Pla
     return plan
 
 
-def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
+def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None) -> Plan:
     if (rewritten := _group_rewritten(w, obs, policy)) is not None:
         return rewritten
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
@@ -477,6 +487,8 @@ def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datet
         # Suspended by a user after admission: its pods are gone, and so will its booking be before it
         # could start again. It waits for capacity anew, as any held job.
         return _requeue(w, obs, policy, name, "was suspended after admission", "Requeued")
+    if podgate.gates_pods(policy):
+        _gate(w, obs, policy, plan, version)
     pr = obs.request(name) if name else None
     revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
     if revoked is None or not revoked.true or name is None:
@@ -489,6 +501,65 @@ def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datet
         return plan
     return _requeue(w, obs, policy, name, f"lost the capacity of ProvisioningRequest {name} ({detail})",
                     "CapacityRevoked", suspend=True)
+
+
+def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, version: str | None) -> None:
+    """The pod gate of an admitted object: release its gated pods into the slots its Provisioned requests
+    book, book the rest as scale-ups, and say why any still wait."""
+    every = [*obs.requests, *obs.scale_ups]
+    booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
+                 for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
+    g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
+                    room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods)
+    classes = {_name(r): str(get(r, ("spec", "provisioningClassName")) or "") for r in every}
+    plan.actions += [ReleasePod(p.name, tuple(podgate.release_ops(p.obj, r, classes[r]))) for p, r in g.release]
+    existing = sorted(classes)
+    have = obs.template_names()
+    for (pod_set, digest), count, pod in g.create:
+        if version is None:
+            g.refused.append(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP})")
+            break
+        managed, _ = podgate.managed_request(pod.obj, policy, w.claim_templates, w.namespace)
+        template = children.scale_up_template(w, pod_set, digest, pod.obj, managed)
+        if _name(template) not in have:
+            plan.actions.append(Create(ChildKind.POD_TEMPLATE, template))
+        request = children.scale_up_request(w, pod_set, _name(template), count, existing, policy, version)
+        if _name(request) not in classes:
+            plan.actions.append(Create(ChildKind.PROVISIONING_REQUEST, request))
+    plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in g.delete
+                     if not obs.consumers.get(name)]
+    _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
+
+
+def _scale_up_reason(g: gating.GatePlan, scale_ups: tuple[JSON, ...]) -> str | None:
+    """Why pods of the object wait for a booking, with the autoscaler's own word on their request."""
+    if not g.waiting:
+        return None
+    parts = []
+    for (pod_set, _), n in sorted(g.waiting.items()):
+        requests = [r for r in scale_ups if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION)) == pod_set
+                    and not gating.provisioned(r)]
+        said = [f"{_name(r)} {t}={c.status} ({c.reason}{': ' + c.message if c.message else ''})"
+                for r in requests for t, c in conditions(r).items() if t in ("Provisioned", "Failed") and c.reason]
+        parts.append(f"{n} pod{'s' if n != 1 else ''} of pod set {pod_set} wait gated for a booking"
+                     + (f": ProvisioningRequest {'; '.join(said)}" if said else
+                        f" (ProvisioningRequest {', '.join(_name(r) for r in requests)})" if requests else ""))
+    return "; ".join([*parts, *g.refused])[:1000]
+
+
+def _say_scale_up(w: Workload, reason: str | None, plan: Plan) -> None:
+    """The scale-up reason annotation on the object, and an Event, only when it changes."""
+    if w.annotations.get(keys.SCALE_UP_REASON_ANNOTATION) == reason:
+        return
+    b = _builder(w)
+    if reason is None:
+        b.remove(_annotation(keys.SCALE_UP_REASON_ANNOTATION))
+        plan.actions.append(_patch(b, Step.HOLD))
+        return
+    b.set(_annotation(keys.SCALE_UP_REASON_ANNOTATION), reason)
+    plan.actions += [_patch(b, Step.HOLD),
+                     Emit("ScaleUpWaiting", reason, warning=True,
+                          name=children.event_name(w, "ScaleUpWaiting", reason))]
 
 
 def _requeue(w: Workload, obs: Observed, policy: NamespacePolicy, name: str | None, why: str, event_reason: str,
@@ -579,10 +650,12 @@ def _delete_requests(obs: Observed, keep: str | None = None) -> list[Action]:
 
 
 def delete_all(obs: Observed) -> list[Action]:
-    """The job's requests and templates, but for requests pods still consume and the templates they name
-    (also what the controller deletes of the children of a job that is gone)."""
-    kept = {t for r in obs.requests if obs.consumers.get(_name(r)) for t in _template_refs(r)}
+    """The job's requests (scale-ups too) and templates, but for requests pods still consume and the
+    templates they name (also what the controller deletes of the children of a job that is gone)."""
+    every = [*obs.requests, *obs.scale_ups]
+    kept = {t for r in every if obs.consumers.get(_name(r)) for t in _template_refs(r)}
     out = _delete_requests(obs)
+    out += [Delete(ChildKind.PROVISIONING_REQUEST, _name(r)) for r in obs.scale_ups if not obs.consumers.get(_name(r))]
     out += [Delete(ChildKind.POD_TEMPLATE, _name(t)) for t in obs.templates if _name(t) not in kept]
     return out
 
@@ -595,7 +668,8 @@ def _template_refs(request: Mapping[str, Any]) -> set[str]:
 
 def booking_kept(obs: Observed) -> str:
     """What a job's deletes leave for its running pods, as a reason says it ("" when nothing)."""
-    kept = sorted((_name(r), obs.consumers[_name(r)]) for r in obs.requests if obs.consumers.get(_name(r)))
+    kept = sorted((_name(r), obs.consumers[_name(r)]) for r in (*obs.requests, *obs.scale_ups)
+                  if obs.consumers.get(_name(r)))
     if not kept:
         return ""
     pods = sum(n for _, n in kept)

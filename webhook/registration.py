@@ -37,10 +37,13 @@ def _webhook(name: str, client_config: dict[str, Any], operations: list[str], fa
     return {
         "name": name,
         "clientConfig": client_config,
-        "rules": [{
-            "apiGroups": [keys.RAY_GROUP], "apiVersions": [keys.RAY_VERSION], "operations": operations,
-            "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL], "scope": "Namespaced",
-        }],
+        "rules": [
+            {"apiGroups": [keys.RAY_GROUP], "apiVersions": [keys.RAY_VERSION], "operations": operations,
+             "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL], "scope": "Namespaced"},
+            # The pod gate (raygate/core/podgate.py).
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["pods"],
+             "scope": "Namespaced"},
+        ],
         "namespaceSelector": namespace_selector(),
         "sideEffects": "None",
         "timeoutSeconds": TIMEOUT_SECONDS,

@@ -111,6 +111,7 @@ PROVREQ_PLURAL = "provisioningrequests"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 CHECK_CAPACITY_CLASS = "check-capacity.autoscaling.x-k8s.io"
+BEST_EFFORT_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 PROVREQ_MAX_POD_SETS = 32
 PROVREQ_MAX_PARAM_LEN = 255
 

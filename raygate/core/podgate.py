@@ -116,17 +116,19 @@ def gate(b: PatchBuilder, pod: Mapping[str, Any]) -> None:
     b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_GATED)
 
 
-def release_ops(pod: Mapping[str, Any], request: str, class_name: str) -> list[PatchOp]:
-    """The patch that lifts raygate's gate from one pod and names the booking it consumes. It tests that
-    the gate is still where it was, so a pod is never released twice, whoever else acts."""
+def release_ops(pod: Mapping[str, Any], request: str | None, class_name: str | None) -> list[PatchOp]:
+    """The patch that lifts raygate's gate from one pod and names the booking it consumes (None: a pod of
+    no Ray object, not raygate's to hold). It tests that the gate is still where it was, so a pod is never
+    released twice, whoever else acts."""
     gates = get(pod, ("spec", "schedulingGates")) or []
     index = next(i for i, g in enumerate(gates) if isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)
     gate_path = pointer(("spec", "schedulingGates", index))
     ops: list[PatchOp] = [{"op": "test", "path": f"{gate_path}/name", "value": keys.CAPACITY_GATE},
                           {"op": "remove", "path": gate_path}]
     b = PatchBuilder(pod)
-    b.set(("metadata", "annotations", keys.CONSUME_ANNOTATION), request)
-    b.set(("metadata", "annotations", keys.CLASS_ANNOTATION), class_name)
+    if request is not None and class_name is not None:
+        b.set(("metadata", "annotations", keys.CONSUME_ANNOTATION), request)
+        b.set(("metadata", "annotations", keys.CLASS_ANNOTATION), class_name)
     b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_RELEASED)
     return [*ops, *b.ops]
 

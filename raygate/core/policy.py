@@ -65,6 +65,11 @@ class ProvisioningPolicy(_Strict):
         "volcano mode; never in kueue mode (use Kueue's ProvisioningRequest admission check there).",
     )
     class_name: str = Field(keys.CHECK_CAPACITY_CLASS, min_length=1, description="provisioningClassName.")
+    scale_up_class_name: str = Field(
+        keys.BEST_EFFORT_ATOMIC_CLASS, min_length=1,
+        description="provisioningClassName of the requests that book a scale-up of an admitted object (pods the "
+        "Ray autoscaler, or anyone, added beyond the admitted gang): best-effort-atomic adds their nodes together.",
+    )
     parameters: dict[str, str] = Field(
         default_factory=dict, description="spec.parameters (values at most 255 characters)."
     )

@@ -142,6 +142,9 @@ def test_webhook_configuration(
         "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL],
         "operations": operations,
         "scope": "Namespaced",
+    }, {  # the pod gate
+        "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": operations,
+        "scope": "Namespaced",
     }]
     assert hook["clientConfig"]["service"] == {
         "name": keys.WEBHOOK_SERVICE, "namespace": keys.SYSTEM_NAMESPACE, "path": path, "port": 443,
@@ -438,7 +441,8 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "get list watch", ("configmaps",), SYS),
     *_cases((RC,), "get list watch", ("namespaces",), CLUSTER),
     # Bookings live as long as their pods; DRA claims are counted from their templates.
-    *_cases((RC,), "list watch", ("pods", "resourceclaimtemplates.resource.k8s.io"), ALL),
+    *_cases((RC,), "list watch", ("pods", "jobs.batch", "resourceclaimtemplates.resource.k8s.io"), ALL),
+    *_cases((RC,), "get patch", ("pods",), ML),
 ]
 
 DENIED: list[Case] = [
@@ -457,7 +461,9 @@ DENIED: list[Case] = [
                             "validatingwebhookconfigurations.admissionregistration.k8s.io/other-webhook"), CLUSTER),
     *_cases(BOTH, "create", ("mutatingwebhookconfigurations.admissionregistration.k8s.io",), CLUSTER),
     *_cases(BOTH, "delete", (MWC, VWC), CLUSTER),
-    *_cases(BOTH, "create delete update patch", ("pods",), ML),
+    *_cases(BOTH, "create delete update", ("pods",), ML),
+    *_cases((WH,), "patch", ("pods",), ML),
+    *_cases(BOTH, "create update patch delete", ("jobs.batch",), ML),
     *_cases((WH,), "list watch", ("pods",), ALL),
     *_cases(BOTH, "create update delete", ("resourceclaimtemplates.resource.k8s.io",), ML),
     *_cases(BOTH, "update delete", ("configmaps",), SYS),

@@ -1,0 +1,170 @@
+"""Which gated pods a booking covers, and what a scale-up must book: pure.
+
+A Provisioned ProvisioningRequest has, per pod set, a number of booked slots. A pod fills a slot
+when it consumes the request (raygate wrote the consume annotation when it lifted the pod's gate)
+and still runs. A gated pod is released into a free slot of a request whose pod set is the pod's
+own and whose PodTemplate was made for pods like it (same managed request per pod, same node
+selection: raygate.io/placement). A slot is never filled twice: the count comes from the pods
+themselves, which is what a restarted or newly elected reconciler reads too.
+
+Gated pods no slot covers are a scale-up (the Ray autoscaler raised replicas, or anyone did): per
+pod set and placement, a request of their own for exactly the pods no request covers yet, pending
+ones included, so overlapping scale-ups each book their own increment. When pods go before their
+request is Provisioned, a pending request larger than what still waits is replaced by one of the
+right size; a Provisioned scale-up whose pods are all gone is deleted (a booking lives as long as
+its pods, and no longer).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from raygate.core import keys, podgate
+from raygate.core.conditions import conditions
+from raygate.core.objects import JSON, get, meta_str
+
+Key = tuple[str, str]  # (pod set, placement digest)
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A pod of a Ray object as the reconciler sees it."""
+
+    name: str
+    created: str
+    pod_set: str
+    gated: bool
+    runs: bool
+    consumes: str | None  # the request named in its consume annotation (released pods)
+    digest: str = ""  # gated pods: match_digest of the pod
+    obj: JSON = field(default_factory=dict, compare=False, repr=False)  # gated pods: the pod, to template it
+
+
+@dataclass
+class Slots:
+    request: str
+    pod_set: str
+    digest: str
+    count: int
+    used: int = 0
+
+    @property
+    def free(self) -> int:
+        return self.count - self.used
+
+
+@dataclass
+class GatePlan:
+    release: list[tuple[Pod, str]] = field(default_factory=list)  # (pod, request it consumes)
+    create: list[tuple[Key, int, Pod]] = field(default_factory=list)  # (pod set, digest), pods to book, a pod like them
+    delete: list[str] = field(default_factory=list)  # scale-up requests no longer needed
+    waiting: dict[Key, int] = field(default_factory=dict)  # gated pods no Provisioned booking covers yet
+    refused: list[str] = field(default_factory=list)  # why some waiting pods get no request (limits)
+
+
+def provisioned(request: Mapping[str, Any]) -> bool:
+    found = conditions(request)
+    return all(c in found and found[c].true for c in ("Accepted", "Provisioned"))
+
+
+def finished(request: Mapping[str, Any]) -> bool:
+    """A scale-up request that will never provision as it is: failed, or its booking expired unused."""
+    found = conditions(request)
+    return any(c in found and found[c].true for c in ("Failed", "BookingExpired", "CapacityRevoked"))
+
+
+def slots(requests: Sequence[JSON], templates: Sequence[JSON]) -> list[Slots]:
+    """The booked slots of the Provisioned requests, per pod set, from the PodTemplates they name."""
+    by_name = {meta_str(t, "name"): t for t in templates}
+    out = []
+    for r in requests:
+        if not provisioned(r):
+            continue
+        for ps in get(r, ("spec", "podSets")) or []:
+            template = by_name.get(str(get(ps, ("podTemplateRef", "name")) or ""))
+            pod_set = get(template, ("metadata", "annotations", keys.POD_SET_ANNOTATION))
+            digest = get(template, ("metadata", "annotations", keys.PLACEMENT_ANNOTATION))
+            count = ps.get("count") if isinstance(ps, Mapping) else None
+            if isinstance(pod_set, str) and isinstance(digest, str) and isinstance(count, int):
+                out.append(Slots(meta_str(r, "name"), pod_set, digest, count))
+    return out
+
+
+def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> dict[Key, list[tuple[str, int]]]:
+    """Scale-up requests still on their way, per (pod set, digest), oldest first: (name, pods)."""
+    by_name = {meta_str(t, "name"): t for t in templates}
+    out: dict[Key, list[tuple[str, int]]] = defaultdict(list)
+    for r in sorted(scale_ups, key=lambda r: (meta_str(r, "creationTimestamp"), meta_str(r, "name"))):
+        if provisioned(r) or finished(r):
+            continue
+        for ps in get(r, ("spec", "podSets")) or []:
+            template = by_name.get(str(get(ps, ("podTemplateRef", "name")) or ""))
+            digest = get(template, ("metadata", "annotations", keys.PLACEMENT_ANNOTATION))
+            pod_set = get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))
+            if isinstance(pod_set, str) and isinstance(digest, str):
+                out[(pod_set, digest)].append((meta_str(r, "name"), int(ps.get("count") or 0)))
+    return out
+
+
+def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON], templates: Sequence[JSON],
+         *, room: int, most_per_request: int) -> GatePlan:
+    """Release what the bookings cover, book what they do not.
+
+    `room`: pods the object may still have booked (limits.maxPods less every request's pods);
+    `most_per_request`: limits.maxRequestPods."""
+    out = GatePlan()
+    free = slots([*requests, *scale_ups], templates)
+    for p in pods:
+        if not p.gated and p.runs and p.consumes is not None:
+            s = next((s for s in free if s.request == p.consumes and s.pod_set == p.pod_set and s.free > 0), None)
+            if s is not None:
+                s.used += 1
+    uncovered: dict[Key, list[Pod]] = defaultdict(list)
+    for p in sorted((p for p in pods if p.gated and p.runs), key=lambda p: (p.created, p.name)):
+        s = next((s for s in free if s.pod_set == p.pod_set and s.digest == p.digest and s.free > 0), None)
+        if s is None:
+            uncovered[(p.pod_set, p.digest)].append(p)
+            continue
+        s.used += 1
+        out.release.append((p, s.request))
+    pending = pending_scale_ups(scale_ups, templates)
+    for key in sorted(set(uncovered) | set(pending)):
+        waiting = uncovered.get(key, [])
+        booking = list(pending.get(key, []))
+        # Pods went before their scale-up was Provisioned: drop the newest requests that book more than waits.
+        while booking and sum(n for _, n in booking) > len(waiting):
+            out.delete.append(booking.pop()[0])
+        missing = len(waiting) - sum(n for _, n in booking)
+        if missing > 0:
+            ask = min(missing, most_per_request, room)
+            if ask < missing:
+                out.refused.append(f"{missing} pod{'s' if missing != 1 else ''} of pod set {key[0]} need a booking, "
+                                   f"but limits.maxPods and limits.maxRequestPods leave room for {max(ask, 0)}")
+            if ask > 0:
+                out.create.append((key, ask, waiting[-1]))
+                room -= ask
+        if waiting:
+            out.waiting[key] = len(waiting)
+    # A Provisioned scale-up that covers no pod any more has done its work.
+    for s in free:
+        is_scale_up = any(meta_str(r, "name") == s.request for r in scale_ups)
+        if is_scale_up and s.used == 0 and s.request not in out.delete:
+            out.delete.append(s.request)
+    return out
+
+
+def pod_of(pod: Mapping[str, Any], digest: str) -> Pod:
+    annotations = get(pod, ("metadata", "annotations")) or {}
+    consumes = annotations.get(keys.CONSUME_ANNOTATION) if isinstance(annotations, Mapping) else None
+    is_gated = podgate.gated(pod)
+    return Pod(name=meta_str(pod, "name"), created=meta_str(pod, "creationTimestamp"),
+               pod_set=podgate.pod_set_of(pod), gated=is_gated,
+               runs=get(pod, ("status", "phase")) not in TERMINAL_POD_PHASES,
+               consumes=consumes if isinstance(consumes, str) and consumes else None,
+               digest=digest, obj=dict(pod) if is_gated else {})
+
+
+TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})

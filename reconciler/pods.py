@@ -1,0 +1,229 @@
+"""The pods the reconciler follows: whose booking each belongs to, which still run, which are gated.
+
+Two watches: KubeRay's head and worker pods (label ray.io/node-type, which a template cannot
+override), and every other pod the webhook gated (label raygate.io/pod-gate: the submitter pods of
+KubeRay's batch Jobs, and whatever else asked for a managed resource). Whose a pod is, is read from
+its owners as the API server records them: a RayCluster raygate holds (or KubeRay's cluster of a
+RayJob, which is the RayJob's), or one of KubeRay's batch Jobs, which belongs to the Ray object that
+controls it. A gated pod that belongs to no Ray object is not raygate's to hold: its gate is lifted.
+
+The index is kept from watch events; released pods the watch has not shown yet are noted so that a
+decision right after a release counts them (the same lag note the controller keeps for its jobs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from raygate.core import keys, podgate
+from raygate.core.api import PODS, Resource
+from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata
+from raygate.core.policy import NamespacePolicy
+from raygate.kube.client import Kube
+from raygate.kube.informer import Informer
+from raygate.reconciler import gating
+
+JobKey = tuple[str, str, str]  # (kind, namespace, name) of a RayJob or RayCluster
+PodKey = tuple[str, str]  # (namespace, name)
+JOBS = Resource("batch", "v1", "jobs", "Job")
+KUBERAY_JOBS = "=".join(keys.KUBERAY_CREATED_BY)
+OTHER_GATED = f"{keys.POD_GATE_LABEL},!{keys.RAY_NODE_TYPE_LABEL}"
+
+
+def pod_view(obj: JSON) -> JSON:
+    """A pod as the reconciler keeps it: who owns it, its booking, whether it runs; a gated pod's spec too
+    (its placement decides which booking covers it, and a scale-up's template is made from it)."""
+    meta = metadata(obj)
+    labels = meta.get("labels") or {}
+    consumes = get(meta, ("annotations", keys.CONSUME_ANNOTATION))
+    view: JSON = {"metadata": {
+        **{k: meta.get(k) for k in ("name", "namespace", "creationTimestamp")},
+        "labels": {k: labels[k] for k in (keys.RAY_GROUP_LABEL, keys.POD_GATE_LABEL) if k in labels},
+        "ownerReferences": meta.get("ownerReferences") or [],
+        **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
+        "status": {"phase": get(obj, ("status", "phase"))}}
+    if podgate.gated(obj):
+        view["spec"] = obj.get("spec")
+        view["metadata"]["labels"] = {**labels}
+    return view
+
+
+def job_view(obj: JSON) -> JSON:
+    meta = metadata(obj)
+    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                         "ownerReferences": meta.get("ownerReferences") or []}}
+
+
+def runs(pod: Mapping[str, Any]) -> bool:
+    return get(pod, ("status", "phase")) not in gating.TERMINAL_POD_PHASES
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the index last knew of a pod: whose it is, and the state its owner's decision depends on."""
+
+    owner: JobKey | None
+    gated: bool
+    runs: bool
+    consumes: str | None
+
+
+class PodIndex:
+    def __init__(self, kube: Kube, resync_seconds: float, page_size: int,
+                 owner_of_cluster: Callable[[str, str, str], JobKey | None],
+                 on_change: Callable[[JobKey], None], on_unowned: Callable[[PodKey], None],
+                 on_consumers: Callable[[str, str], None]) -> None:
+        """`owner_of_cluster(namespace, name, uid)`: the Ray object whose booking a RayCluster's pods use
+        (None: not raygate's); `on_change(owner)`: a pod of it appeared, went, was released or ended;
+        `on_unowned(pod)`: a gated pod whose owner the caches cannot tell (the worker looks further);
+        `on_consumers(namespace, request)`: a request got its first running pod or lost its last one."""
+        self._owner_of_cluster = owner_of_cluster
+        self._on_change = on_change
+        self._on_unowned = on_unowned
+        self._on_consumers = on_consumers
+        self._lock = threading.Lock()
+        self._seen: dict[PodKey, Seen] = {}
+        self._of: dict[JobKey, set[PodKey]] = {}
+        self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
+        self._released: dict[PodKey, JSON] = {}  # released by us, not yet shown by the watch
+        self.jobs = Informer(kube, JOBS, label_selector=KUBERAY_JOBS, resync_seconds=resync_seconds,
+                             transform=job_view, page_size=page_size)
+        self.informers = [
+            Informer(kube, PODS, label_selector=selector, resync_seconds=resync_seconds, handler=self._event,
+                     transform=pod_view, compact=True, page_size=page_size)
+            for selector in (keys.RAY_NODE_TYPE_LABEL, OTHER_GATED)
+        ]
+
+    def all_informers(self) -> list[Informer]:
+        return [self.jobs, *self.informers]
+
+    # --- whose a pod is --------------------------------------------------------------------------
+    def owner(self, pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> JobKey | None:
+        """The Ray object whose booking the pod uses, from its controller (and, for a batch Job's pod, the
+        Job's controller: `job`, or the Job cache)."""
+        namespace = meta_str(pod, "namespace")
+        ref = controller_ref(pod)
+        if ref is None:
+            return None
+        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/"):
+            job = job or self.jobs.get(namespace, str(ref.get("name") or ""))
+            if job is None or meta_str(job, "uid") != ref.get("uid"):
+                return None
+            ref = controller_ref(job)
+            if ref is None:
+                return None
+        if not str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/"):
+            return None
+        name, uid = str(ref.get("name") or ""), str(ref.get("uid") or "")
+        if ref.get("kind") == keys.RAYCLUSTER_KIND:
+            return self._owner_of_cluster(namespace, name, uid)
+        if ref.get("kind") == keys.RAYJOB_KIND:
+            return keys.RAYJOB_KIND, namespace, name
+        return None
+
+    @staticmethod
+    def job_name(pod: Mapping[str, Any]) -> str | None:
+        """The batch Job controlling the pod, if one does."""
+        ref = controller_ref(pod)
+        if ref is None or ref.get("kind") != "Job" or not str(ref.get("apiVersion", "")).startswith("batch/"):
+            return None
+        return str(ref.get("name") or "")
+
+    @staticmethod
+    def ray_owned(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> bool:
+        """Whether a Ray object controls the pod, or the batch Job `job` that controls it, whether or not
+        raygate holds that object: one it does not hold has no booking, so its pods stay gated."""
+        ref = controller_ref(job) if job is not None else controller_ref(pod)
+        return ref is not None and str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/")
+
+    def assign(self, key: PodKey, owner: JobKey) -> None:
+        """The worker found the owner the caches could not tell (a Job the cache did not hold yet)."""
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None:
+                return
+            self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes)
+            self._of.setdefault(owner, set()).add(key)
+
+    # --- events ----------------------------------------------------------------------------------
+    def _event(self, event: str, obj: JSON) -> None:
+        key = (meta_str(obj, "namespace"), meta_str(obj, "name"))
+        gone = event == "DELETED"
+        consumes = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
+        owner = None if gone else self.owner(obj)
+        now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None)
+        with self._lock:
+            before = self._seen.pop(key, None)
+            touched = {c for c in (before.consumes if before else None, now.consumes) if c}
+            had = {c: bool(self._consuming.get((key[0], c))) for c in touched}
+            if before is not None:
+                if before.owner is not None:
+                    self._of.get(before.owner, set()).discard(key)
+                self._count(key, before, -1)
+            if not gone:
+                self._seen[key] = now
+                if owner is not None:
+                    self._of.setdefault(owner, set()).add(key)
+                self._count(key, now, +1)
+            if not now.gated:
+                self._released.pop(key, None)
+            flipped = [c for c in touched if had[c] != bool(self._consuming.get((key[0], c)))]
+        for request in flipped:
+            self._on_consumers(key[0], request)
+        if now != before:
+            for changed in {before.owner if before else None, owner} - {None}:
+                self._on_change(changed)  # type: ignore[arg-type]
+        if not gone and owner is None and now.gated:
+            self._on_unowned(key)
+
+    def _count(self, key: PodKey, seen: Seen, step: int) -> None:
+        """Keep the consumers of each request (caller holds the lock)."""
+        if seen.consumes is None or seen.gated or not seen.runs:
+            return
+        pods = self._consuming.setdefault((key[0], seen.consumes), set())
+        if step > 0:
+            pods.add(key[1])
+        else:
+            pods.discard(key[1])
+        if not pods:
+            del self._consuming[(key[0], seen.consumes)]
+
+    def released(self, key: PodKey, pod: JSON) -> None:
+        """A pod this reconciler just released (the patch's answer), counted until the watch shows it."""
+        with self._lock:
+            self._released[key] = pod_view(pod)
+
+    # --- reading -----------------------------------------------------------------------------------
+    def get(self, key: PodKey) -> JSON | None:
+        with self._lock:
+            fresh = self._released.get(key)
+        if fresh is not None:
+            return fresh
+        for informer in self.informers:
+            if (found := informer.get(*key)) is not None:
+                return found
+        return None
+
+    def pods_of(self, owner: JobKey, policy: NamespacePolicy, claims: Any) -> tuple[gating.Pod, ...]:
+        """The owner's pods that raygate gated, as the gate decision reads them."""
+        with self._lock:
+            keys_ = sorted(self._of.get(owner, set()))
+        out = []
+        for key in keys_:
+            pod = self.get(key)
+            if pod is None or get(pod, ("metadata", "labels", keys.POD_GATE_LABEL)) is None:
+                continue
+            digest = ""
+            if podgate.gated(pod):
+                managed, _ = podgate.managed_request(pod, policy, claims, key[0])
+                digest = podgate.match_digest(pod.get("spec"), managed)
+            out.append(gating.pod_of(pod, digest))
+        return tuple(out)
+
+    def consumers(self, namespace: str, request: str) -> int:
+        """Pods that consume `request` and still run (released pods only: a gated pod consumes nothing)."""
+        with self._lock:
+            return len(self._consuming.get((namespace, request), ()))
