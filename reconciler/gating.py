@@ -148,6 +148,8 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
                 room -= ask
         if waiting:
             out.waiting[key] = len(waiting)
+    # A scale-up that failed is replaced (above, as if it were not there) and goes.
+    out.delete += [meta_str(r, "name") for r in scale_ups if finished(r) and not provisioned(r)]
     # A Provisioned scale-up that covers no pod any more has done its work.
     for s in free:
         is_scale_up = any(meta_str(r, "name") == s.request for r in scale_ups)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from raygate.core import dra, keys, limits
+from raygate.core import dra, keys, limits, podgate
 from raygate.core.modes import recorded_mode, rules_for
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
@@ -221,7 +221,8 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     rules = rules_for(policy.recorded_mode(old.annotations))
     if not rules.holds:
         return allow("admitted-elsewhere")  # the system that admits here (Kueue) guards its own jobs
-    changes = guard.forbidden_changes(old, w, rules, policy.manages)
+    changes = guard.forbidden_changes(old, w, rules, policy.manages,
+                                      pods_gated=podgate.gates_pods(policy.for_mode(rules.mode)))
     if not changes:
         return allow("valid")
     return refuse(guard.refusal(w, old, namespace, changes), code=403)

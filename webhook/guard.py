@@ -1,9 +1,10 @@
 """The validating guard on UPDATE: what an untrusted user may not change on a Ray object raygate gates.
 
 It covers every state, because each one is a way in: a held job must not be unsuspended or have
-raygate's record of it edited; an admitted one must not grow past the capacity booked for it (KubeRay
-would create the extra GPU pods at once); a failed one must not be unsuspended by hand; one that
-predates raygate in its namespace has no booking at all, so it may not start or grow either.
+raygate's record of it edited; an admitted one may grow only where its new GPU pods are gated and
+booked per scale-up (elsewhere KubeRay would create them unbooked at once); a failed one must not be
+unsuspended by hand; one that predates raygate in its namespace has no booking at all, so it may not
+start or grow either.
 
 Pure, like the rest of the decision: it compares the old and new objects and nothing else.
 """
@@ -86,7 +87,8 @@ def growth(old: Workload, new: Workload, manages: Manages) -> list[str]:
     return out
 
 
-def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, manages: Manages) -> list[str]:
+def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, manages: Manages, *,
+                      pods_gated: bool = False) -> list[str]:
     """What this update would do that an untrusted user may not, each phrased after "You may not"."""
     state = old.labels.get(keys.STATE_LABEL)
     changed = []
@@ -104,7 +106,9 @@ def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, manages: Ma
             changed.append("change the scheduling metadata of its pod templates")
         if state in keys.HELD_STATES:
             changed += mode.held_changes(old, new)
-        elif state != keys.State.FAILED:  # admitted, or never held: nothing may outgrow what runs now
+        elif state == keys.State.ADMITTED and pods_gated:
+            pass  # its new GPU pods are born gated and booked as a scale-up of their own (core/podgate.py)
+        elif state != keys.State.FAILED:  # admitted where pods are not gated, or never held: no growth
             changed += growth(old, new, manages)
     except ManifestError as err:
         changed.append(f"make it unreadable ({err})")

@@ -845,6 +845,54 @@ def _autoscaled(**workers: Any) -> RayJob:
     return _admitted(**{"min_replicas": 0, "max_replicas": 4, **workers}).autoscaling()
 
 
+def _growth_where_pods_are_not_gated(case: Guard) -> Guard:
+    """The same edit in volcano mode without ProvisioningRequests: the PodGroup is the guard there, and
+    nothing would book the new pods."""
+    def in_volcano_mode(obj: dict[str, Any]) -> dict[str, Any]:
+        out = json.loads(json.dumps(obj))
+        out["metadata"].setdefault("annotations", {})[keys.MODE_ANNOTATION] = "volcano"
+        return out
+
+    return Guard(case.name + "_where_pods_are_not_gated", in_volcano_mode(case.old), in_volcano_mode(case.new), False,
+                 case.user, case.says, config(mode="volcano"))
+
+
+def _growth_where_pods_are_gated(case: Guard) -> Guard:
+    return Guard(case.name + "_where_pods_are_gated", case.old, case.new, True, case.user)
+
+
+_GROWTH_EDITS = [
+    Guard("user_scales_an_admitted_gpu_group_up", _admitted().obj(), _admitted(replicas=20).obj(), False,
+          says="grow pod set gpu from 2 to 20 pods"),
+    Guard("user_raises_num_of_hosts", _admitted().obj(), _admitted(hosts=2).obj(), False,
+          says="grow pod set gpu from 2 to 4 pods"),
+    Guard("user_adds_a_gpu_group_to_an_admitted_job", _admitted().obj(),
+          _admitted().worker("more", replicas=1, limits={"nvidia.com/gpu": "8"}).obj(), False,
+          says="add pod set more with 1 pod requesting 8 nvidia.com/gpu"),
+    Guard("user_adds_gpus_to_a_cpu_group", _admitted().worker("cpu", requests={"cpu": "1"}).obj(),
+          _admitted().worker("cpu", requests={"cpu": "1"}, limits={"nvidia.com/gpu": "1"}).obj(), False,
+          says="add pod set cpu"),
+    Guard("user_raises_gpus_per_pod", _admitted().obj(), _admitted(limits={"nvidia.com/gpu": "4"}).obj(), False,
+          says="raise nvidia.com/gpu per pod of pod set gpu from 1 to 4"),
+    Guard("user_resumes_a_suspended_gpu_group", _admitted(suspend=True).obj(), _admitted(suspend=False).obj(),
+          False, says="add pod set gpu"),
+    Guard("user_renames_a_gpu_group", _admitted().obj(),
+          _admitted().set("spec", "rayClusterSpec", "workerGroupSpecs", 0, "groupName", value="other").obj(),
+          False, says="add pod set other"),
+    Guard("user_turns_on_autoscaling_with_a_higher_ceiling", _admitted(max_replicas=8).obj(),
+          _admitted(max_replicas=8).autoscaling().obj(), False, says="grow pod set gpu from 2 to 8 pods"),
+    Guard("user_raises_max_replicas_of_an_autoscaling_group", _autoscaled().obj(),
+          _autoscaled(max_replicas=40).obj(), False, says="grow pod set gpu from 4 to 40 pods"),
+    Guard("user_scales_kuberays_cluster_of_an_admitted_job", kuberay_child(),
+          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False,
+          says="grow pod set gpu from 2 to 20 pods"),
+    Guard("operator_scales_its_cluster_up_too", kuberay_child(),
+          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False, user=OPERATOR,
+          says="grow pod set gpu"),
+]
+GROWTH = [*map(_growth_where_pods_are_gated, _GROWTH_EDITS), *map(_growth_where_pods_are_not_gated, _GROWTH_EDITS)]
+
+
 GUARDS = [
     # --- held (Pending, Provisioning) ---
     Guard("user_unsuspends_held_job", _held().obj(), _held().suspend(False).obj(), False, says="unsuspend it"),
@@ -901,28 +949,8 @@ GUARDS = [
     Guard("user_adds_worker_group_to_held_provisioning_job", _held().obj(), _held().worker("more").obj(), True),
     Guard("user_grows_a_held_provisioning_job", _state(keys.State.PROVISIONING).obj(),
           _state(keys.State.PROVISIONING, replicas=8).obj(), True),
-    # --- admitted: nothing may outgrow the booking ---
-    Guard("user_scales_an_admitted_gpu_group_up", _admitted().obj(), _admitted(replicas=20).obj(), False,
-          says="grow pod set gpu from 2 to 20 pods"),
-    Guard("user_raises_num_of_hosts", _admitted().obj(), _admitted(hosts=2).obj(), False,
-          says="grow pod set gpu from 2 to 4 pods"),
-    Guard("user_adds_a_gpu_group_to_an_admitted_job", _admitted().obj(),
-          _admitted().worker("more", replicas=1, limits={"nvidia.com/gpu": "8"}).obj(), False,
-          says="add pod set more with 1 pod requesting 8 nvidia.com/gpu"),
-    Guard("user_adds_gpus_to_a_cpu_group", _admitted().worker("cpu", requests={"cpu": "1"}).obj(),
-          _admitted().worker("cpu", requests={"cpu": "1"}, limits={"nvidia.com/gpu": "1"}).obj(), False,
-          says="add pod set cpu"),
-    Guard("user_raises_gpus_per_pod", _admitted().obj(), _admitted(limits={"nvidia.com/gpu": "4"}).obj(), False,
-          says="raise nvidia.com/gpu per pod of pod set gpu from 1 to 4"),
-    Guard("user_resumes_a_suspended_gpu_group", _admitted(suspend=True).obj(), _admitted(suspend=False).obj(),
-          False, says="add pod set gpu"),
-    Guard("user_renames_a_gpu_group", _admitted().obj(),
-          _admitted().set("spec", "rayClusterSpec", "workerGroupSpecs", 0, "groupName", value="other").obj(),
-          False, says="add pod set other"),
-    Guard("user_turns_on_autoscaling_with_a_higher_ceiling", _admitted(max_replicas=8).obj(),
-          _admitted(max_replicas=8).autoscaling().obj(), False, says="grow pod set gpu from 2 to 8 pods"),
-    Guard("user_raises_max_replicas_of_an_autoscaling_group", _autoscaled().obj(),
-          _autoscaled(max_replicas=40).obj(), False, says="grow pod set gpu from 4 to 40 pods"),
+    # --- admitted: where pods are gated (provisioning), growth is booked per scale-up; elsewhere refused ---
+    *GROWTH,
     Guard("ray_autoscaler_scales_within_max_replicas", _autoscaled(replicas=1).obj(), _autoscaled(replicas=4).obj(),
           True),
     Guard("user_scales_an_admitted_job_down", _admitted().obj(), _admitted(replicas=1).obj(), True),
@@ -933,12 +961,6 @@ GUARDS = [
           _state(keys.State.ADMITTED, job_suspend=False).obj(), False, says="unsuspend it"),
     Guard("user_relabels_admitted_as_pending", _admitted().obj(), _admitted().label(keys.STATE_LABEL, "Pending").obj(),
           False, says=f"change label {keys.STATE_LABEL}"),
-    Guard("user_scales_kuberays_cluster_of_an_admitted_job", kuberay_child(),
-          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False,
-          says="grow pod set gpu from 2 to 20 pods"),
-    Guard("operator_scales_its_cluster_up_too", kuberay_child(),
-          json.loads(json.dumps(kuberay_child()).replace('"replicas": 2', '"replicas": 20')), False, user=OPERATOR,
-          says="grow pod set gpu"),
     # --- failed: only a restart, by relabelling ---
     Guard("user_unsuspends_a_failed_job", _state(keys.State.FAILED).obj(),
           _state(keys.State.FAILED, job_suspend=False).obj(), False, says="unsuspend it"),

@@ -28,9 +28,9 @@ def update(old: dict[str, Any], new: dict[str, Any], **defaults: Any) -> Decisio
     return validate(request(new, operation="UPDATE", old=old), OPTED_IN, config(**defaults))
 
 
-def held(obj: dict[str, Any]) -> dict[str, Any]:
+def held(obj: dict[str, Any], **defaults: Any) -> dict[str, Any]:
     """`obj` as raygate stores it after admission at create."""
-    d = create(obj)
+    d = create(obj, **defaults)
     assert d.allowed, d.message
     return jsonpatch.apply_patch(obj, d.patch)  # type: ignore[no-any-return]
 
@@ -197,8 +197,8 @@ def test_dra_claims_of_other_classes_pass_and_dra_gpus_are_counted_where_nothing
         limited.message
 
 
-def test_claims_added_after_admission_are_growth() -> None:
-    old = held(RayJob().worker("gpu", replicas=2, requests={"cpu": "1"}).obj())
+def test_claims_added_after_admission_are_growth_where_pods_are_not_gated() -> None:
+    old = held(RayJob().worker("gpu", replicas=2, requests={"cpu": "1"}).obj(), mode="volcano")
     old["metadata"]["labels"][keys.STATE_LABEL] = "Admitted"
     new = copy.deepcopy(old)
     new["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["resourceClaims"] = [

@@ -10,11 +10,11 @@ import jsonpatch
 import pytest
 from builders import RayJob
 
-from raygate.core import keys
+from raygate.core import keys, podgate
 from raygate.core.modes import GroupSpec, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
-from raygate.reconciler import children, decision
+from raygate.reconciler import children, decision, gating
 from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -614,3 +614,54 @@ def test_a_held_job_over_a_limit_is_failed_before_anything_is_asked_of_the_autos
     plan = decision.decide(w, Observed(), policy(limits={"maxRequestPods": 4}), NOW)
     assert kinds(plan) == ["patch fail", "event InvalidJob"]
     assert "would book 5 pods" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
+
+
+# --- the pod gate of an admitted job -----------------------------------------------------------------
+
+def gated_pod(w: Workload, name: str, **spec: Any) -> dict[str, Any]:
+    """A gated GPU pod of the job's cluster as the webhook stores it (the worker template's spec)."""
+    template = w.obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    return {"metadata": {"name": name, "namespace": "ns", "creationTimestamp": f"2030-01-01T12:00:0{name[-1]}Z",
+                         "labels": {keys.RAY_GROUP_LABEL: "gpu", keys.POD_GATE_LABEL: keys.POD_GATED}},
+            "spec": {**template["spec"], **spec, "schedulingGates": [{"name": keys.CAPACITY_GATE}]},
+            "status": {"phase": "Pending"}}
+
+
+def as_seen(pod: dict[str, Any]) -> gating.Pod:
+    managed, _ = podgate.managed_request(pod, policy(), lambda ns, n: None, "ns")
+    return gating.pod_of(pod, podgate.match_digest(pod["spec"], managed))
+
+
+def admitted_with(*pods: dict[str, Any]) -> tuple[Workload, Observed]:
+    w = job("Admitted", suspend=False, annotations={keys.ATTEMPT_ANNOTATION: "1",
+                                                    keys.REQUEST_ANNOTATION: rname(job(), 1)})
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    return w, Observed(requests=(pr,), templates=templates(w), pods=tuple(as_seen(p) for p in pods))
+
+
+def test_an_admitted_jobs_gated_pods_are_released_into_its_booking() -> None:
+    w, _ = admitted_with()
+    w, obs = admitted_with(gated_pod(w, "p1"), gated_pod(w, "p2"))
+    plan = decision.decide(w, obs, policy(), NOW)
+    releases = [a for a in plan.actions if isinstance(a, decision.ReleasePod)]
+    assert [r.name for r in releases] == ["p1", "p2"]
+    after = jsonpatch.apply_patch(gated_pod(w, "p1"), list(releases[0].ops))
+    assert not podgate.gated(after) and after["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == rname(w, 1)
+
+
+def test_a_scale_up_is_booked_from_the_pods_and_its_wait_is_said_on_the_object() -> None:
+    w, _ = admitted_with()
+    pods = [gated_pod(w, f"p{i}") for i in range(1, 5)]  # the gang booked 2; 2 more are a scale-up
+    w, obs = admitted_with(*pods)
+    plan = decision.decide(w, obs, policy(), NOW)
+    assert [a.name for a in plan.actions if isinstance(a, decision.ReleasePod)] == ["p1", "p2"]
+    creates = [a for a in plan.actions if isinstance(a, Create)]
+    assert [c.kind for c in creates] == ["PodTemplate", "ProvisioningRequest"]
+    template, pr = creates[0].obj, creates[1].obj
+    assert pr["spec"]["podSets"] == [{"podTemplateRef": {"name": template["metadata"]["name"]}, "count": 2}]
+    assert pr["spec"]["provisioningClassName"] == keys.BEST_EFFORT_ATOMIC_CLASS
+    assert pr["metadata"]["annotations"][keys.SCALE_UP_ANNOTATION] == "gpu"
+    assert "schedulingGates" not in template["template"]["spec"]
+    reason = applied(w, plan)["metadata"]["annotations"][keys.SCALE_UP_REASON_ANNOTATION]
+    assert "2 pods of pod set gpu wait gated for a booking" in reason
+    assert "event ScaleUpWaiting" in kinds(plan)

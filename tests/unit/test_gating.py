@@ -1,0 +1,108 @@
+"""Which gated pods a booking covers, and what a scale-up books: the pure plan behind the pod gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raygate.core import keys
+from raygate.reconciler import gating
+from raygate.reconciler.gating import Pod
+
+GPU_DIGEST = "d-gpu"
+PROVISIONED = [("Accepted", "True"), ("Provisioned", "True")]
+
+
+def template(name: str, pod_set: str = "gpu", digest: str = GPU_DIGEST) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": {keys.POD_SET_ANNOTATION: pod_set,
+                                                       keys.PLACEMENT_ANNOTATION: digest}}}
+
+
+def request(name: str, count: int, *conds: tuple[str, str], tpl: str = "t-gpu", scale_up: bool = False,
+            created: str = "2030-01-01T00:00:00Z") -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "creationTimestamp": created}
+    if scale_up:
+        meta["annotations"] = {keys.SCALE_UP_ANNOTATION: "gpu"}
+    return {"metadata": meta, "spec": {"podSets": [{"podTemplateRef": {"name": tpl}, "count": count}]},
+            "status": {"conditions": [{"type": t, "status": s, "reason": t} for t, s in conds]}}
+
+
+def gated(name: str, digest: str = GPU_DIGEST, created: str = "2030-01-01T00:00:01Z") -> Pod:
+    return Pod(name, created, "gpu", gated=True, runs=True, consumes=None, digest=digest, obj={"metadata": {}})
+
+
+def released(name: str, request_name: str, runs: bool = True) -> Pod:
+    return Pod(name, "2030-01-01T00:00:00Z", "gpu", gated=False, runs=runs, consumes=request_name)
+
+
+TEMPLATES = [template("t-gpu"), template("t-gpu-s")]
+
+
+def plan(pods: list[Pod], requests: list[dict[str, Any]], scale_ups: list[dict[str, Any]] | None = None,
+         room: int = 100, most: int = 100) -> gating.GatePlan:
+    return gating.plan(pods, requests, scale_ups or [], TEMPLATES, room=room, most_per_request=most)
+
+
+def released_into(p: gating.GatePlan) -> list[tuple[str, str]]:
+    return [(pod.name, r) for pod, r in p.release]
+
+
+def test_the_admitted_gang_is_released_into_its_booking_and_no_slot_twice() -> None:
+    p = plan([gated("a"), gated("b"), gated("c")], [request("gang", 2, *PROVISIONED)])
+    assert released_into(p) == [("a", "gang"), ("b", "gang")]
+    assert [(key, n) for key, n, _ in p.create] == [(("gpu", GPU_DIGEST), 1)]  # the third is a scale-up
+
+
+def test_pods_already_released_fill_their_slots_whoever_released_them() -> None:
+    """A new leader counts from the pods: two slots, two released and running pods, nothing more to release."""
+    p = plan([released("a", "gang"), released("b", "gang"), gated("c")], [request("gang", 2, *PROVISIONED)])
+    assert p.release == [] and [n for _, n, _ in p.create] == [1]
+    ended = plan([released("a", "gang"), released("b", "gang", runs=False), gated("c")],
+                 [request("gang", 2, *PROVISIONED)])
+    assert released_into(ended) == [("c", "gang")]  # a pod that ended frees its slot for its replacement
+
+
+def test_nothing_is_released_before_provisioned() -> None:
+    p = plan([gated("a")], [request("gang", 2, ("Accepted", "True"))])
+    assert p.release == [] and p.waiting == {("gpu", GPU_DIGEST): 1}
+
+
+def test_a_pod_placed_otherwise_than_its_booking_is_not_covered_by_it() -> None:
+    p = plan([gated("a", digest="d-other-zone")], [request("gang", 2, *PROVISIONED)])
+    assert p.release == [] and [(key, n) for key, n, _ in p.create] == [(("gpu", "d-other-zone"), 1)]
+
+
+def test_overlapping_scale_ups_each_book_their_increment() -> None:
+    first = request("up-1", 2, ("Accepted", "True"), tpl="t-gpu-s", scale_up=True)
+    p = plan([released("a", "gang"), gated("b"), gated("c"), gated("d")], [request("gang", 1, *PROVISIONED)],
+             [first])
+    assert [n for _, n, _ in p.create] == [1] and p.delete == []  # 3 wait: 2 already asked for, 1 more
+
+
+def test_pods_gone_before_their_scale_up_provisioned_shrink_it() -> None:
+    first = request("up-1", 3, ("Accepted", "True"), tpl="t-gpu-s", scale_up=True)
+    p = plan([gated("b")], [request("gang", 0, *PROVISIONED)], [first])
+    assert p.delete == ["up-1"] and [n for _, n, _ in p.create] == [1]
+    gone = plan([], [request("gang", 0, *PROVISIONED)], [first])
+    assert gone.delete == ["up-1"] and gone.create == []
+
+
+def test_a_provisioned_scale_up_releases_its_pods_and_goes_once_they_have() -> None:
+    up = request("up-1", 2, *PROVISIONED, tpl="t-gpu-s", scale_up=True)
+    p = plan([released("a", "gang"), gated("b"), gated("c")], [request("gang", 1, *PROVISIONED)], [up])
+    assert released_into(p) == [("b", "up-1"), ("c", "up-1")] and p.delete == []
+    after = plan([released("a", "gang")], [request("gang", 1, *PROVISIONED)], [up])
+    assert after.delete == ["up-1"]  # scaled down: its pods are gone
+
+
+def test_a_failed_scale_up_is_replaced() -> None:
+    failed = request("up-1", 1, ("Failed", "True"), tpl="t-gpu-s", scale_up=True)
+    p = plan([gated("b")], [request("gang", 0, *PROVISIONED)], [failed])
+    assert p.delete == ["up-1"] and [n for _, n, _ in p.create] == [1]
+
+
+def test_limits_bound_what_a_scale_up_asks() -> None:
+    p = plan([gated(f"p{i}") for i in range(5)], [request("gang", 0, *PROVISIONED)], room=3, most=2)
+    assert [n for _, n, _ in p.create] == [2]
+    assert p.refused and "5 pods of pod set gpu" in p.refused[0]
+    full = plan([gated("p")], [request("gang", 0, *PROVISIONED)], room=0)
+    assert full.create == [] and full.waiting == {("gpu", GPU_DIGEST): 1}
