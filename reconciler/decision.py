@@ -115,6 +115,7 @@ class Step(StrEnum):
     FAIL = "fail"  # gave up: state Failed
     REQUEUE = "requeue"  # back to Pending for new capacity
     HOLD = "hold"  # still held, with a new reason
+    SCALE_UP = "scale-up"  # admitted, with a new word on the pods its scale-up books
 
 
 class Outcome(StrEnum):
@@ -554,10 +555,10 @@ def _say_scale_up(w: Workload, reason: str | None, plan: Plan) -> None:
     b = _builder(w)
     if reason is None:
         b.remove(_annotation(keys.SCALE_UP_REASON_ANNOTATION))
-        plan.actions.append(_patch(b, Step.HOLD))
+        plan.actions.append(_patch(b, Step.SCALE_UP))
         return
     b.set(_annotation(keys.SCALE_UP_REASON_ANNOTATION), reason)
-    plan.actions += [_patch(b, Step.HOLD),
+    plan.actions += [_patch(b, Step.SCALE_UP),
                      Emit("ScaleUpWaiting", reason, warning=True,
                           name=children.event_name(w, "ScaleUpWaiting", reason))]
 

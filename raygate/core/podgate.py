@@ -36,8 +36,15 @@ if TYPE_CHECKING:
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
                     "runtimeClassName", "schedulerName", "nodeName", "resourceClaims")
 # What a booking for a pod set must agree on with a pod to cover it: the fields that choose its nodes
-# (nodeName aside: a gated pod never has one) and what it asks of the managed resources.
-MATCHED_FIELDS = tuple(f for f in PLACEMENT_FIELDS if f != "nodeName")
+# and what it asks of the managed resources. Not nodeName (a gated pod has none) and not
+# priorityClassName (the Priority admission plugin fills in a cluster's global default; it orders pods,
+# it does not choose nodes).
+MATCHED_FIELDS = tuple(f for f in PLACEMENT_FIELDS if f not in ("nodeName", "priorityClassName"))
+DEFAULT_SCHEDULER = "default-scheduler"
+# Tolerations the API server's admission plugins add to every pod (DefaultTolerationSeconds) and to
+# pods asking for an extended resource (ExtendedResourceToleration): never in a template, always on
+# the pod, so they are left out on both sides.
+_ADMISSION_TOLERATED = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 def pruned(value: Any) -> Any:
@@ -61,11 +68,27 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
+def _by_admission(toleration: Any, requested: Mapping[str, Any]) -> bool:
+    if not isinstance(toleration, Mapping) or toleration.get("operator") != "Exists":
+        return False
+    key, effect = toleration.get("key"), toleration.get("effect")
+    return (key in _ADMISSION_TOLERATED and effect == "NoExecute") or (key in requested and effect == "NoSchedule")
+
+
 def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
     """Pods and the PodTemplate of a pod set agree here exactly when a booking for the one covers the
     other: same managed request per pod, same node selection. (KubeRay adds containers of its own, its
-    autoscaler sidecar and an init container, that ask for no managed resource.)"""
-    return digest({"managed": q.render(managed), **fields_view(spec, MATCHED_FIELDS)})
+    autoscaler sidecar and an init container, that ask for no managed resource; the API server fills in
+    a default scheduler and tolerations of its own.)"""
+    view = fields_view(spec, MATCHED_FIELDS)
+    if view.get("schedulerName") == DEFAULT_SCHEDULER:
+        del view["schedulerName"]
+    if "tolerations" in view:
+        kept = [t for t in view["tolerations"] if not _by_admission(t, managed)]
+        view["tolerations"] = kept
+        if not kept:
+            del view["tolerations"]
+    return digest({"managed": q.render(managed), **view})
 
 
 # --- at the webhook ---------------------------------------------------------------------------------

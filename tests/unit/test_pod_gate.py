@@ -116,3 +116,22 @@ def test_a_release_is_applied_once() -> None:
     released = jsonpatch.apply_patch(old, ops)
     with pytest.raises(jsonpatch.JsonPatchException):
         jsonpatch.apply_patch(released, ops)
+
+
+def test_what_the_api_server_adds_to_a_pod_does_not_change_what_booking_covers_it() -> None:
+    """A PodTemplate is stored as written; the pod made from it gets a default scheduler, default
+    tolerations (DefaultTolerationSeconds, ExtendedResourceToleration) and perhaps a default priority."""
+    template = {"containers": [container("w", limits=GPU)], "nodeSelector": {"pool": "a100"},
+                "tolerations": [{"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]}
+    pod_spec = {**template, "schedulerName": "default-scheduler", "priorityClassName": "team-default",
+                "tolerations": [*template["tolerations"],
+                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                                 "tolerationSeconds": 300},
+                                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    managed = {"nvidia.com/gpu": 1}
+    assert podgate.match_digest(pod_spec, managed) == podgate.match_digest(template, managed)
+    elsewhere = {**pod_spec, "nodeSelector": {"pool": "h100"}}
+    assert podgate.match_digest(elsewhere, managed) != podgate.match_digest(template, managed)
+    more = {**pod_spec, "tolerations": [*pod_spec["tolerations"], {"key": "spot", "operator": "Exists"}]}
+    assert podgate.match_digest(more, managed) != podgate.match_digest(template, managed)
+    assert podgate.match_digest(template, {"nvidia.com/gpu": 2}) != podgate.match_digest(template, managed)
