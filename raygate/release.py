@@ -9,7 +9,9 @@ PodGroups) stay too, until the job is deleted (they carry owner references).
 Releasing a job unsuspends it and removes raygate's label and annotations, so it starts at once with
 no capacity booked, as it would in a namespace raygate never managed; its ProvisioningRequests and
 PodTemplates are deleted (nothing would consume the booking). `--delete` deletes the jobs and their
-children instead. Without `--yes` nothing changes: the command lists what it would do.
+children instead. Pods still held by raygate's scheduling gate (raygate.io/capacity) have it lifted,
+so they are scheduled as in a namespace raygate never managed. Without `--yes` nothing changes: the
+command lists what it would do.
 
 Safety: it refuses while raygate's webhook configurations are registered or a reconciler holds the
 leader Lease (the reconciler would admit those jobs itself, and the webhook refuses a held job's
@@ -26,11 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate.core import keys
+from raygate.core import keys, podgate
 from raygate.core.errors import RaygateError
 from raygate.core.keys import ChildKind
 from raygate.core.modes import RULES, group_rules, recorded_mode
-from raygate.core.objects import controller_uid, metadata, string_map
+from raygate.core.objects import controller_uid, meta_str, metadata, string_map
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
@@ -48,10 +50,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="after uninstalling raygate: release (unsuspend) or delete the jobs it still holds",
         description="After raygate is uninstalled, release the RayJobs and RayClusters it still holds "
         f"(label {keys.STATE_LABEL} Pending, Provisioning or Failed): unsuspend each, remove raygate's label "
-        "and annotations, delete its ProvisioningRequests and PodTemplates. With --delete, delete the jobs and "
-        "their children instead. Lists what it would do unless --yes is given. Refuses while raygate's "
-        "webhooks are registered or its reconciler runs; never unsuspends a job Kueue owns. "
-        "Also runs as `kubectl raygate release`.",
+        "and annotations, delete its ProvisioningRequests and PodTemplates; lift raygate's gate from pods it still "
+        "gates. With --delete, delete the jobs and their children instead. Lists what it would do unless --yes is "
+        "given. Refuses while raygate's webhooks are registered or its reconciler runs; never unsuspends a job Kueue "
+        "owns. Also runs as `kubectl raygate release`.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("-n", "--namespace", default=None, help="the namespace to release jobs in")
@@ -95,6 +97,7 @@ class Item:
 class Plan:
     items: list[Item]
     orphans: list[Child]  # raygate's children whose job no longer exists
+    gated: list[Mapping[str, Any]] = field(default_factory=list)  # pods raygate's gate still holds
 
     @property
     def acting(self) -> list[Item]:
@@ -226,6 +229,8 @@ def render(p: Plan, out: TextIO) -> None:
             out.write(f"{i.namespace}/{i.kind.lower()}/{i.name}: skipped: {i.why}\n")
     for c in p.orphans:
         out.write(f"{c.namespace}/{c.kind}/{c.name}: its job is gone: delete\n")
+    for pod in p.gated:
+        out.write(f"{meta_str(pod, 'namespace')}/pod/{meta_str(pod, 'name')}: gated by raygate: lift the gate\n")
 
 
 # --- against the cluster ----------------------------------------------------------------------
@@ -263,7 +268,7 @@ def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
 
 
 def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, dict[ChildKind, Resource]]:
-    from raygate.core.api import RAYCLUSTERS, RAYJOBS
+    from raygate.core.api import PODS, RAYCLUSTERS, RAYJOBS
     from raygate.kube.client import ApiError
 
     kinds = child_resources(kube)
@@ -273,11 +278,15 @@ def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, d
         children = [child_of(kind, obj) for kind, res in kinds.items()
                     for obj in kube.list(res, namespace, labelSelector=f"{keys.MANAGED_BY_LABEL}="
                                          f"{keys.MANAGED_BY_VALUE}").get("items") or []]
+        gated = [pod for pod in kube.list(PODS, namespace, labelSelector=f"{keys.POD_GATE_LABEL}={keys.POD_GATED}")
+                 .get("items") or [] if podgate.gated(pod)]
     except ApiError as err:
         where = f"namespace {namespace}" if namespace else "all namespaces"
         raise RaygateError(f"listing jobs and raygate's objects in {where} failed: {err.status} {err.message}") \
             from None
-    return plan(jobs, children, delete=delete), kinds
+    p = plan(jobs, children, delete=delete)
+    p.gated = gated
+    return p, kinds
 
 
 def _delete_children(kube: Kube, kinds: Mapping[ChildKind, Resource], children: Sequence[Child], out: TextIO) -> None:
@@ -288,7 +297,7 @@ def _delete_children(kube: Kube, kinds: Mapping[ChildKind, Resource], children: 
 
 def execute(kube: Kube, p: Plan, kinds: Mapping[ChildKind, Resource], out: TextIO) -> int:
     """Carry out the plan; returns how many jobs could not be handled (each says why)."""
-    from raygate.core.api import RAYCLUSTERS, RAYJOBS
+    from raygate.core.api import PODS, RAYCLUSTERS, RAYJOBS
     from raygate.kube import events
     from raygate.kube.client import JSON_PATCH, ApiError
 
@@ -316,6 +325,17 @@ def execute(kube: Kube, p: Plan, kinds: Mapping[ChildKind, Resource], out: TextI
     except ApiError as err:
         failed += 1
         out.write(f"FAILED deleting raygate's leftover objects: {err.status} {err.message}\n")
+    for pod in p.gated:
+        what = f"pod/{meta_str(pod, 'name')} in {meta_str(pod, 'namespace')}"
+        try:
+            kube.patch(PODS, meta_str(pod, "name"), podgate.release_ops(pod, None, None), meta_str(pod, "namespace"),
+                       content_type=JSON_PATCH)
+            out.write(f"lifted raygate's gate from {what}: it is scheduled without a capacity booking\n")
+        except ApiError as err:
+            if err.status in (404, 422):  # gone, or its gate lifted since it was listed
+                continue
+            failed += 1
+            out.write(f"FAILED {what}: {err.status} {err.reason}: {err.message}\n")
     return failed
 
 
@@ -328,13 +348,14 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     namespace = None if args.all_namespaces else args.namespace
     p, kinds = collect(kube, namespace, delete=args.delete)
     where = "in any namespace" if namespace is None else f"in namespace {namespace}"
-    if not p.items and not p.orphans:
-        out.write(f"No RayJob or RayCluster held by raygate {where}, and none of its objects left.\n")
+    if not p.items and not p.orphans and not p.gated:
+        out.write(f"No RayJob or RayCluster held by raygate {where}, and none of its objects or gated pods left.\n")
         return 0
     render(p, out)
     verb = "delete" if args.delete else "release"
     if not args.yes:
         leftovers = f" and delete {len(p.orphans)} leftover object(s)" if p.orphans else ""
+        leftovers += f" and lift raygate's gate from {len(p.gated)} pod(s)" if p.gated else ""
         out.write(f"Dry run: nothing changed. Run again with --yes to {verb} {len(p.acting)} job(s){leftovers} "
                   f"{where}.\n")
         return 0
