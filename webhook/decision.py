@@ -129,12 +129,32 @@ def _subject(
 
 def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
             claims: dra.ClaimTemplates) -> Decision:
+    if request.get("operation") == "UPDATE":
+        return _operator_update(request, ns_labels, config, claims)
     if request.get("operation") != "CREATE":
         return allow("skipped-operation")
     subject = _subject(request, ns_labels, config, claims)
     if isinstance(subject, Decision):
         return subject
     return _admit(*subject, config, username(request))
+
+
+def _operator_update(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+                     claims: dra.ClaimTemplates) -> Decision:
+    """The KubeRay operator replaces a RayService's cluster wholesale: keep raygate's hold and record on it."""
+    old = request.get("oldObject")
+    if username(request) not in config.ray_operator_users or not isinstance(old, dict):
+        return allow("skipped-operation")
+    subject = _subject(request, ns_labels, config, claims)
+    if isinstance(subject, Decision):
+        return subject
+    w, _ = subject
+    previous = Workload(old, claims)
+    if previous.labels.get(keys.STATE_LABEL) is None:
+        return allow("skipped-not-held")
+    b = PatchBuilder(w.obj)
+    guard.carry_over(b, previous, w)
+    return Decision(allowed=True, outcome="kept-raygates" if b.ops else "unchanged", patch=b.ops)
 
 
 def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:

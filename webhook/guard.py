@@ -18,6 +18,7 @@ from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.modes import ModeRules, decided_labels, template_annotations
 from raygate.core.objects import get
+from raygate.core.patch import PatchBuilder
 from raygate.core.workload import Manages, ManifestError, Workload
 
 # The queue labels raygate decides on, in any mode; a user may not pick their own queue past it.
@@ -138,3 +139,31 @@ def refusal(w: Workload, old: Workload, namespace: str, changes: list[str]) -> s
                 + f". {you_may_not}. To try again, run: {restart}")
     return (f"{ref} was created before raygate gated namespace {namespace}, so no capacity is booked for it. "
             f"{you_may_not}. Delete it and create it again: raygate then books its whole gang before it starts")
+
+
+def carry_over(b: PatchBuilder, old: Workload, new: Workload) -> None:
+    """What the KubeRay operator's update of a RayCluster keeps of raygate's, written back into it.
+
+    KubeRay's RayService controller updates its clusters by replacing their spec, labels and annotations
+    with what it derives from the RayService, which knows nothing of raygate: its hold (spec.suspend),
+    its record (raygate's labels and annotations, the queue labels) and the scheduling metadata of the
+    pod templates would go, and the guard would refuse the update. raygate keeps them instead, so the
+    operator's updates go through (only the operator's: a user's edit is the guard's to judge)."""
+    for kind in ("labels", "annotations"):
+        for key, value in getattr(old, kind).items():
+            if raygate_owned(key) or key in QUEUE_LABELS:
+                b.set(("metadata", kind, key), value)
+    if old.labels.get(keys.STATE_LABEL) in keys.HELD_STATES and old.suspended:
+        b.set(("spec", "suspend"), True)
+    before = dict(old.template_paths())
+    for task, path in new.template_paths():
+        was = before.get(task)
+        if was is None:
+            continue
+        for a in SCHEDULING_ANNOTATIONS:
+            value = get(old.obj, (*was, "metadata", "annotations", a))
+            if value is not None:
+                b.set((*path, "metadata", "annotations", a), value)
+        scheduler = get(old.obj, (*was, "spec", "schedulerName"))
+        if scheduler is not None:
+            b.set((*path, "spec", "schedulerName"), scheduler)

@@ -33,7 +33,8 @@ def namespace_selector() -> dict[str, Any]:
     }
 
 
-def _webhook(name: str, client_config: dict[str, Any], operations: list[str], failure_policy: str) -> dict[str, Any]:
+def _webhook(name: str, client_config: dict[str, Any], operations: list[str], failure_policy: str,
+             pod_operations: list[str]) -> dict[str, Any]:
     return {
         "name": name,
         "clientConfig": client_config,
@@ -41,7 +42,7 @@ def _webhook(name: str, client_config: dict[str, Any], operations: list[str], fa
             {"apiGroups": [keys.RAY_GROUP], "apiVersions": [keys.RAY_VERSION], "operations": operations,
              "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL], "scope": "Namespaced"},
             # The pod gate (raygate/core/podgate.py).
-            {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["pods"],
+            {"apiGroups": [""], "apiVersions": ["v1"], "operations": pod_operations, "resources": ["pods"],
              "scope": "Namespaced"},
         ],
         "namespaceSelector": namespace_selector(),
@@ -60,7 +61,9 @@ def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tup
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": keys.MUTATING_WEBHOOK_CONFIG},
         "webhooks": [{
-            **_webhook("mutate.raygate.io", {"url": f"{url}/mutate", "caBundle": ca}, ["CREATE"], failure_policy),
+            # UPDATE: the KubeRay operator's updates of a RayService's cluster keep raygate's hold and record.
+            **_webhook("mutate.raygate.io", {"url": f"{url}/mutate", "caBundle": ca}, ["CREATE", "UPDATE"],
+                       failure_policy, ["CREATE"]),
             "reinvocationPolicy": "Never",
         }],
     }
@@ -69,7 +72,7 @@ def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tup
         "metadata": {"name": keys.VALIDATING_WEBHOOK_CONFIG},
         "webhooks": [{
             **_webhook("validate.raygate.io", {"url": f"{url}/validate", "caBundle": ca}, ["CREATE", "UPDATE"],
-                       failure_policy),
+                       failure_policy, ["CREATE", "UPDATE"]),
             "matchConditions": [SKIP_RECONCILER],
         }],
     }

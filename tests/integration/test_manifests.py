@@ -117,7 +117,7 @@ def test_every_container_runs_the_pinned_image(default_objs: list[Obj], cm_objs:
 
 # --- render checks: webhook configurations ---------------------------------------------------------
 WEBHOOK_CASES = [
-    ("MutatingWebhookConfiguration", keys.MUTATING_WEBHOOK_CONFIG, "/mutate", ["CREATE"]),
+    ("MutatingWebhookConfiguration", keys.MUTATING_WEBHOOK_CONFIG, "/mutate", ["CREATE", "UPDATE"]),
     ("ValidatingWebhookConfiguration", keys.VALIDATING_WEBHOOK_CONFIG, "/validate", ["CREATE", "UPDATE"]),
 ]
 
@@ -142,8 +142,9 @@ def test_webhook_configuration(
         "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL],
         "operations": operations,
         "scope": "Namespaced",
-    }, {  # the pod gate
-        "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": operations,
+    }, {  # the pod gate: pods are gated at creation, and guarded on update
+        "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+        "operations": ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"],
         "scope": "Namespaced",
     }]
     assert hook["clientConfig"]["service"] == {

@@ -1023,3 +1023,24 @@ def test_update_guard_quotes_the_reason_raygate_recorded() -> None:
 def test_update_guard_off_outside_opted_in_namespaces() -> None:
     d = validate(request(_held().suspend(False).obj(), operation="UPDATE", old=_held().obj()), {}, DEFAULT)
     assert d.allowed
+
+
+# --- the KubeRay operator's update of a RayService's cluster ---------------------------------------------
+
+def test_the_operators_wholesale_update_of_a_held_cluster_keeps_raygates_hold_and_passes_the_guard() -> None:
+    """KubeRay's RayService controller replaces its cluster's spec, labels and annotations with what it derives
+    from the RayService: raygate keeps its hold and record on it, and the update is not refused."""
+    created = RayCluster("svc-raycluster-abc").worker("gpu", replicas=2, limits={"nvidia.com/gpu": "1"}).obj()
+    held = applied(created, mutate(request(created, user=OPERATOR), OPTED_IN, DEFAULT))
+    goal = RayCluster("svc-raycluster-abc").worker("gpu", replicas=3, limits={"nvidia.com/gpu": "1"}).obj()
+    goal["metadata"]["labels"] = {"ray.io/originated-from-crd": "RayService"}
+    d = mutate(request(goal, operation="UPDATE", old=held, user=OPERATOR), OPTED_IN, DEFAULT)
+    stored = applied(goal, d)
+    assert stored["spec"]["suspend"] is True
+    assert stored["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
+    assert stored["spec"]["workerGroupSpecs"][0]["replicas"] == 3  # the operator's own change stays
+    assert validate(request(stored, operation="UPDATE", old=held, user=OPERATOR), OPTED_IN, DEFAULT).allowed
+    # The same wholesale update from a user is not patched, and the guard refuses it.
+    user = mutate(request(goal, operation="UPDATE", old=held), OPTED_IN, DEFAULT)
+    assert user.patch == []
+    assert not validate(request(goal, operation="UPDATE", old=held), OPTED_IN, DEFAULT).allowed
