@@ -260,7 +260,7 @@ def _start(args: argparse.Namespace) -> Any:
     state = cp.up(kuberay=True)
     layout = start_capacity(cp, state, Layout(gpu_nodes_max=args.gpu_nodes, gpus_per_node=GPUS_PER_NODE))
     kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-demo")
-    _await_namespace(cp, kube, args.timeout)
+    _await_namespace(kube, args.timeout)
     start_raygate(cp)
     return cp, kube, layout
 
@@ -284,8 +284,8 @@ class Leftovers:
 def leftovers(pods: list[JSON], nodes: set[str], namespace: str = DEMO_NAMESPACE) -> Leftovers:
     """Pods of `namespace` bound to a node that no longer exists (the autoscaler deletes its nodes when it
     stops) are force-deleted: no kubelet, and no KWOK, will ever confirm their deletion, and pod GC
-    takes 40 to 80 s to notice. Only those being deleted already, or without a controller, so that no
-    controller still at work replaces them. Every GPU pod, anywhere, is waited for."""
+    takes 40 to 80 s to notice. Only pods already being deleted, or with no controller: a controller
+    still at work would replace one. Every GPU pod, anywhere, is waited for."""
     gone = [p for p in pods if p["metadata"].get("namespace") == namespace and _on_missing_node(p, nodes)
             and (p["metadata"].get("deletionTimestamp") or _controller_uid(p) is None)]
     return Leftovers(force_delete=gone, waiting=[p for p in pods if holds_gpus(p)])
@@ -385,7 +385,7 @@ def _clean_previous_run(cp: Any, kube: Any, timeout: float) -> None:
         "or start from an empty cluster with `raygate dev up --fresh`")
 
 
-def _await_namespace(cp: Any, kube: Any, timeout: float) -> None:
+def _await_namespace(kube: Any, timeout: float) -> None:
     """A demo namespace that is being deleted (a `kubectl delete namespace demo` the stack was stopped
     during) refuses new jobs: wait until the namespace controller has emptied and removed it, clearing
     its pods on nodes that are gone, which would hold it up; `start_raygate` then makes it anew."""
