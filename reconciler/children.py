@@ -97,7 +97,12 @@ def controller_key(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
 def _template_of(w: Workload, pod_set: PodSet) -> JSON:
     if pod_set.template_path is None:
         raise BadInput(f"pod set {pod_set.name} has no pod template to copy")
-    template = copy.deepcopy(dict(get(w.obj, pod_set.template_path) or {}))
+    return template_copy(get(w.obj, pod_set.template_path) or {})
+
+
+def template_copy(found: Mapping[str, Any]) -> JSON:
+    """A pod template copied for capacity checking."""
+    template = copy.deepcopy(dict(found))
     # A copy for capacity checking: it must not claim a booking itself.
     annotations = get(template, ("metadata", "annotations"))
     for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
@@ -155,13 +160,13 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
 
 # --- scale-ups: pods beyond the admitted gang, booked as gangs of their own ------------------------
 
-def scale_up_template(w: Workload, pod_set: str, digest: str, pod: JSON, managed: q.Resources) -> JSON:
-    """The PodTemplate of a scale-up, made from a gated pod (the pods are the truth, whatever the spec
-    says now); one per pod set and placement, shared by every scale-up of the same shape."""
+def scale_up_template(w: Workload, pod_set: str, digest: str, template: JSON, managed: q.Resources) -> JSON:
+    """The PodTemplate of a scale-up, from the spec the pods are made from (or from a gated pod no spec
+    explains); one per pod set and placement, shared by every scale-up of the same shape."""
     name_hash = short_hash(_job_hash(w), pod_set, digest)
     set_part = _dns(pod_set, 24)
     name = f"{_dns(w.name, MAX_NAME - len(name_hash) - len(set_part) - 4)}-{set_part}-{name_hash}-s"
-    return templated(child_metadata(w, name), pod_set, podgate.template_of_pod(pod), managed)
+    return templated(child_metadata(w, name), pod_set, template, managed)
 
 
 def scale_up_request(w: Workload, pod_set: str, template: str, count: int, existing: Sequence[str],

@@ -162,6 +162,7 @@ class Controller:
         self._lock = threading.Lock()
         self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
         self._fresh: dict[JobKey, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
+        self._cluster_of: dict[tuple[str, str], str] = {}  # (namespace, RayJob) -> KubeRay's RayCluster for it
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
@@ -225,9 +226,28 @@ class Controller:
     # --- event handlers (informer threads) ---------------------------------------------------------
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
-            self.queue.add((kind, meta_str(obj, "namespace"), meta_str(obj, "name")))
+            namespace, name = meta_str(obj, "namespace"), meta_str(obj, "name")
+            self.queue.add((kind, namespace, name))
+            parent = Workload(obj).rayjob_parent() if kind == keys.RAYCLUSTER_KIND else None
+            if parent is not None:
+                # A scale-up of a RayJob's cluster is the RayJob's to book: it reads the cluster's spec.
+                with self._lock:
+                    if event == "DELETED":
+                        self._cluster_of.pop((namespace, parent[0]), None)
+                    else:
+                        self._cluster_of[(namespace, parent[0])] = name
+                self.queue.add((keys.RAYJOB_KIND, namespace, parent[0]))
 
         return handle
+
+    def _kuberay_cluster(self, key: JobKey) -> JSON | None:
+        """KubeRay's RayCluster for the RayJob `key`, once it is the job's own (see kuberay_child)."""
+        if key[0] != keys.RAYJOB_KIND:
+            return None
+        with self._lock:
+            name = self._cluster_of.get((key[1], key[2]))
+        cluster = self.jobs[keys.RAYCLUSTER_KIND].get(key[1], name) if name else None
+        return cluster if cluster is not None and self.kuberay_child(cluster) else None
 
     def _child_event(self, kind: ChildKind) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
@@ -474,6 +494,7 @@ class Controller:
         every = kids.get(ChildKind.PROVISIONING_REQUEST, [])
         consumers = {name: n for r in every if (n := self.pods.consumers(namespace, name := meta_str(r, "name")))}
         return decision.Observed(
+            cluster=self._kuberay_cluster(key) if key else None,
             requests=tuple(r for r in every if not get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
             scale_ups=tuple(r for r in every if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
             consumers=consumers, templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),

@@ -12,12 +12,13 @@ say which request is current; any other request the job owns is stale and is del
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from raygate.core import booking, keys, limits, podgate
+from raygate.core import quantity as q
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
@@ -199,6 +200,7 @@ class Observed:
     requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls for its gang
     scale_ups: tuple[JSON, ...] = ()  # ProvisioningRequests for pods beyond the admitted gang
     pods: tuple[gating.Pod, ...] = ()  # its pods that raygate gated (gated, or released)
+    cluster: JSON | None = None  # a RayJob's: KubeRay's RayCluster for it, whose spec KubeRay runs now
     consumers: Mapping[str, int] = field(default_factory=dict)  # request name -> its pods that still run
     templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
     groups: tuple[JSON, ...] = ()  # group objects (Volcano PodGroups) raygate created for this job
@@ -510,7 +512,9 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     every = [*obs.requests, *obs.scale_ups]
     booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
+    desired = _desired(w, obs, policy)
     g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
+                    desired={key: count for key, (count, _, _) in desired.items()},
                     room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods)
     classes = {_name(r): str(get(r, ("spec", "provisioningClassName")) or "") for r in every}
     plan.actions += [ReleasePod(p.name, tuple(podgate.release_ops(p.obj, r, classes[r]))) for p, r in g.release]
@@ -520,8 +524,12 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
         if version is None:
             g.refused.append(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP})")
             break
-        managed, _ = podgate.managed_request(pod.obj, policy, w.claim_templates, w.namespace)
-        template = children.scale_up_template(w, pod_set, digest, pod.obj, managed)
+        if pod is not None:  # gated pods the spec does not explain: booked as they are
+            managed, _ = podgate.managed_request(pod.obj, policy, w.claim_templates, w.namespace)
+            template = children.scale_up_template(w, pod_set, digest, podgate.template_of_pod(pod.obj), managed)
+        else:
+            _, spec_template, managed = desired[(pod_set, digest)]
+            template = children.scale_up_template(w, pod_set, digest, spec_template, managed)
         if _name(template) not in have:
             plan.actions.append(Create(ChildKind.POD_TEMPLATE, template))
         request = children.scale_up_request(w, pod_set, _name(template), count, existing, policy, version)
@@ -530,6 +538,30 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in g.delete
                      if not obs.consumers.get(name)]
     _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
+
+
+def _desired(w: Workload, obs: Observed, policy: NamespacePolicy) -> dict[gating.Key, tuple[int, JSON, q.Resources]]:
+    """Per (pod set, digest): the GPU pods the spec KubeRay runs now asks for, the template they are made
+    from, and what each asks of the managed resources. A RayJob's pods come from KubeRay's cluster for
+    it (a scale-up edits that cluster), and its submitter from the RayJob."""
+    sources: list[tuple[Workload, Callable[[PodSet], bool]]] = [(w, lambda p: True)]
+    if obs.cluster is not None:
+        cluster = Workload(obs.cluster, w.claim_templates)
+        sources = [(cluster, lambda p: True), (w, lambda p: p.name == keys.SUBMITTER_TASK)]
+    out: dict[gating.Key, tuple[int, JSON, q.Resources]] = {}
+    for source, wanted in sources:
+        try:
+            pod_sets = source.gang().pod_sets
+        except ManifestError:
+            continue  # unreadable now: its gated pods are booked as they are
+        for p in pod_sets:
+            managed = p.managed(policy.manages)
+            if not wanted(p) or not managed or p.count == 0 or p.template_path is None:
+                continue
+            template = children.template_copy(get(source.obj, p.template_path) or {})
+            key = (p.name, podgate.match_digest(template.get("spec"), managed))
+            out[key] = (out.get(key, (0, template, managed))[0] + p.count, template, managed)
+    return out
 
 
 def _scale_up_reason(g: gating.GatePlan, scale_ups: tuple[JSON, ...]) -> str | None:

@@ -59,7 +59,8 @@ class Slots:
 @dataclass
 class GatePlan:
     release: list[tuple[Pod, str]] = field(default_factory=list)  # (pod, request it consumes)
-    create: list[tuple[Key, int, Pod]] = field(default_factory=list)  # (pod set, digest), pods to book, a pod like them
+    # ((pod set, digest), pods to book, a gated pod like them, or None: the spec's pods, none there yet)
+    create: list[tuple[Key, int, Pod | None]] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)  # scale-up requests no longer needed
     waiting: dict[Key, int] = field(default_factory=dict)  # gated pods no Provisioned booking covers yet
     refused: list[str] = field(default_factory=list)  # why some waiting pods get no request (limits)
@@ -110,18 +111,24 @@ def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> d
 
 
 def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON], templates: Sequence[JSON],
-         *, room: int, most_per_request: int) -> GatePlan:
+         *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int) -> GatePlan:
     """Release what the bookings cover, book what they do not.
 
-    `room`: pods the object may still have booked (limits.maxPods less every request's pods);
-    `most_per_request`: limits.maxRequestPods."""
+    `desired`: per (pod set, digest), the pods the object's spec runs now (KubeRay creates them one by one:
+    a scale-up is booked for the whole increment the spec asks for, not pod by pod); `room`: pods the
+    object may still have booked (limits.maxPods less every request's pods); `most_per_request`:
+    limits.maxRequestPods."""
     out = GatePlan()
+    desired = desired or {}
     free = slots([*requests, *scale_ups], templates)
     for p in pods:
         if not p.gated and p.runs and p.consumes is not None:
             s = next((s for s in free if s.request == p.consumes and s.pod_set == p.pod_set and s.free > 0), None)
             if s is not None:
                 s.used += 1
+    released: dict[Key, int] = defaultdict(int)
+    for s in free:
+        released[(s.pod_set, s.digest)] += s.used
     uncovered: dict[Key, list[Pod]] = defaultdict(list)
     for p in sorted((p for p in pods if p.gated and p.runs), key=lambda p: (p.created, p.name)):
         s = next((s for s in free if s.pod_set == p.pod_set and s.digest == p.digest and s.free > 0), None)
@@ -129,32 +136,38 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
             uncovered[(p.pod_set, p.digest)].append(p)
             continue
         s.used += 1
+        released[(p.pod_set, p.digest)] += 1
         out.release.append((p, s.request))
     pending = pending_scale_ups(scale_ups, templates)
-    for key in sorted(set(uncovered) | set(pending)):
+    scale_up_names = {meta_str(r, "name") for r in scale_ups}
+    keys_ = set(uncovered) | set(pending) | set(desired) | {(s.pod_set, s.digest) for s in free}
+    for key in sorted(keys_):
         waiting = uncovered.get(key, [])
-        booking = list(pending.get(key, []))
-        # Pods went before their scale-up was Provisioned: drop the newest requests that book more than waits.
-        while booking and sum(n for _, n in booking) > len(waiting):
-            out.delete.append(booking.pop()[0])
-        missing = len(waiting) - sum(n for _, n in booking)
+        booked = sum(s.count for s in free if (s.pod_set, s.digest) == key)
+        # What must be booked: the pods the spec runs, or the pods there are, whichever is more.
+        want = max(desired.get(key, 0), released[key] + len(waiting))
+        asked = list(pending.get(key, []))
+        # Fewer pods than asked for (scaled down, or the pods went): drop the newest requests beyond the need.
+        while asked and booked + sum(n for _, n in asked) > want:
+            out.delete.append(asked.pop()[0])
+        missing = want - booked - sum(n for _, n in asked)
         if missing > 0:
             ask = min(missing, most_per_request, room)
             if ask < missing:
                 out.refused.append(f"{missing} pod{'s' if missing != 1 else ''} of pod set {key[0]} need a booking, "
                                    f"but limits.maxPods and limits.maxRequestPods leave room for {max(ask, 0)}")
             if ask > 0:
-                out.create.append((key, ask, waiting[-1]))
+                out.create.append((key, ask, waiting[-1] if waiting else None))
                 room -= ask
         if waiting:
             out.waiting[key] = len(waiting)
+        # A Provisioned scale-up that covers no pod and no pod the spec still asks for has done its work.
+        for s in (s for s in free if (s.pod_set, s.digest) == key and s.request in scale_up_names and s.used == 0):
+            if booked - s.count >= want and s.request not in out.delete:
+                out.delete.append(s.request)
+                booked -= s.count
     # A scale-up that failed is replaced (above, as if it were not there) and goes.
     out.delete += [meta_str(r, "name") for r in scale_ups if finished(r) and not provisioned(r)]
-    # A Provisioned scale-up that covers no pod any more has done its work.
-    for s in free:
-        is_scale_up = any(meta_str(r, "name") == s.request for r in scale_ups)
-        if is_scale_up and s.used == 0 and s.request not in out.delete:
-            out.delete.append(s.request)
     return out
 
 

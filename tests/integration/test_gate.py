@@ -7,8 +7,10 @@ processes; the real KubeRay operator (under its own ServiceAccount's name) creat
 The test plays cluster-autoscaler by patching ProvisioningRequest status, so exactly the capacity it
 books is known; the real autoscaler answers requests in test_capacity.py.
 
-After every attempt `assert_gate_holds` counts the GPU pods of each Ray object against the pod sets of
-its current Provisioned request: the invariant docs/guarantees.md states.
+After every attempt `assert_gate_holds` counts the GPU pods of each Ray object that carry no
+scheduling gate (raygate's gate is lifted only against a booking) against the pods its Provisioned
+requests book, and checks every other GPU pod carries the gate: the invariant docs/guarantees.md
+states. (No scheduler runs here, so no pod binds; an ungated pod is one that could.)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
 from raygate.kube.client import MERGE_PATCH, ApiError, Kube
+from raygate.reconciler.pods import JOBS
 
 pytestmark = pytest.mark.integration
 
@@ -211,34 +214,68 @@ def _root(env: Env, ns: str, cluster_name: str) -> JSON | None:
     return rc
 
 
+def requests_of(env: Env, ns: str, obj: JSON, *, scale_ups: bool | None = None) -> list[JSON]:
+    """The object's ProvisioningRequests (`scale_ups`: only those, or only its gang's; None: all)."""
+    out = []
+    for r in env.kube.list(PR, ns).get("items") or []:
+        if not any(ref.get("uid") == obj["metadata"]["uid"] for ref in r["metadata"].get("ownerReferences") or []):
+            continue
+        is_scale_up = keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})
+        if scale_ups is None or is_scale_up is scale_ups:
+            out.append(r)
+    return out
+
+
+def provisioned(pr: JSON) -> bool:
+    conds = {c["type"]: c["status"] for c in (pr.get("status") or {}).get("conditions") or []}
+    return all(conds.get(t) == s for t, s in PROVISIONED.items())
+
+
+def _root_of_pod(env: Env, ns: str, pod: JSON) -> JSON | None:
+    """The object raygate books a pod for: its cluster's (above), or for a pod of KubeRay's batch Job, the
+    Job's RayJob."""
+    if cluster := labels(pod).get(keys.RAY_CLUSTER_LABEL):
+        return _root(env, ns, cluster)
+    ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+    if ref is None or ref.get("kind") != "Job":
+        return None
+    try:
+        job = env.kube.get(JOBS, ref["name"], ns)
+    except ApiError:
+        return None
+    owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+    if owner is None or owner.get("kind") != "RayJob":
+        return None
+    try:
+        return env.kube.get(RAYJOBS, owner["name"], ns)
+    except ApiError:
+        return None
+
+
 def booked(env: Env, ns: str, obj: JSON) -> int:
-    """GPU pods the object's current ProvisioningRequest booked (in volcano mode without one, its PodGroup's
-    minMember: Volcano binds none of them until all fit); 0 unless it is Admitted."""
-    name = annotations(obj).get(keys.REQUEST_ANNOTATION)
+    """GPU pods the object's Provisioned ProvisioningRequests book, its gang's and its scale-ups' (in volcano
+    mode without them, its PodGroup's minMember: Volcano binds none of them until all fit); 0 unless it is
+    Admitted."""
     if state(obj) != "Admitted":
         return 0
-    if not name and annotations(obj).get(keys.MODE_ANNOTATION) == "volcano":
+    if not annotations(obj).get(keys.REQUEST_ANNOTATION) and annotations(obj).get(keys.MODE_ANNOTATION) == "volcano":
         pg = env.kube.get(PODGROUPS, f"ray-{obj['metadata']['name']}-pg", ns)
         return int(pg["spec"]["minMember"])
-    if not name:
-        return 0
-    try:
-        pr = env.kube.get(PR, name, ns)
-    except Exception:
-        return 0
-    conds = {c["type"]: c["status"] for c in (pr.get("status") or {}).get("conditions") or []}
-    if any(conds.get(t) != s for t, s in PROVISIONED.items()):
-        return 0
-    return sum(int(ps["count"]) for ps in pr["spec"]["podSets"])
+    return sum(int(ps["count"]) for pr in requests_of(env, ns, obj) if provisioned(pr) for ps in pr["spec"]["podSets"])
+
+
+def gated(pod: JSON) -> bool:
+    return any(g.get("name") == keys.CAPACITY_GATE for g in pod["spec"].get("schedulingGates") or [])
 
 
 def gpu_pods(env: Env, ns: str) -> Counter[tuple[str, str]]:
-    """Live GPU pods of the namespace by the (kind, name) of the object raygate gates for them."""
+    """Live GPU pods of the namespace without raygate's gate, by the (kind, name) of the object raygate books
+    them for."""
     out: Counter[tuple[str, str]] = Counter()
     for pod in env.kube.list(PODS, ns).get("items") or []:
-        if pod["metadata"].get("deletionTimestamp") or _gpus(pod) == 0:
+        if pod["metadata"].get("deletionTimestamp") or _gpus(pod) == 0 or gated(pod):
             continue
-        root = _root(env, ns, labels(pod).get(keys.RAY_CLUSTER_LABEL, ""))
+        root = _root_of_pod(env, ns, pod)
         key = (str(root["kind"]), str(root["metadata"]["name"])) if root else ("orphan", pod["metadata"]["name"])
         out[key] += 1
     return out
@@ -249,7 +286,7 @@ def gate_violations(env: Env, ns: str) -> list[str]:
     for (kind, name), n in gpu_pods(env, ns).items():
         have = booked(env, ns, env.get(ns, kind, name)) if kind != "orphan" else 0
         if n > have:
-            bad.append(f"{kind} {ns}/{name} has {n} GPU pods but {have} booked")
+            bad.append(f"{kind} {ns}/{name} has {n} ungated GPU pods but {have} booked")
     return bad
 
 
@@ -324,62 +361,143 @@ def test_a_raycluster_that_claims_a_rayjob_parent_is_held(env: Env) -> None:
     assert_gate_holds(env, ns)
 
 
-def test_kuberays_own_cluster_of_an_admitted_rayjob_runs_and_cannot_grow(env: Env) -> None:
+def provision_scale_ups(env: Env, ns: str, obj: JSON) -> list[JSON]:
+    """Book every scale-up request of the object (as the autoscaler would); return them."""
+    ups = requests_of(env, ns, obj, scale_ups=True)
+    for pr in ups:
+        if not provisioned(pr):
+            set_conditions(env, ns, pr["metadata"]["name"], PROVISIONED)
+    return ups
+
+
+def wait_gated(env: Env, ns: str, cluster_name: str, gated_n: int, released_n: int) -> None:
+    def counts() -> tuple[int, int]:
+        pods = pods_of(env, ns, cluster_name)
+        return sum(1 for p in pods if gated(p)), sum(1 for p in pods if not gated(p))
+    wait(lambda: counts() == (gated_n, released_n), 60,
+         f"{gated_n} gated and {released_n} released GPU pods of {cluster_name} (now {counts()})")
+
+
+def test_kuberays_own_cluster_of_an_admitted_rayjob_grows_only_by_a_booked_scale_up(env: Env) -> None:
     ns = NS["main"]
     env.create(ns, rayjob("trainer"))
-    admit(env, ns, "RayJob", "trainer")
+    job, _ = admit(env, ns, "RayJob", "trainer")
     child = kuberay_cluster_of(env, ns, "trainer")
     assert child["spec"].get("suspend") is not True and state(child) == "Admitted"  # left alone: it is the job's
     name = child["metadata"]["name"]
-    wait(lambda: len(pods_of(env, ns, name)) == 2, 30, "KubeRay to create the 2 booked GPU pods")
-    env.refused("patch", "raycluster", name, "-n", ns, "--type", "json", "-p", json.dumps(
-        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 20}]),
-        says="grow pod set gpu from 2 to 10 pods")  # clamped to maxReplicas 10, as KubeRay would
-    env.refused("patch", "rayjob", "trainer", "-n", ns, "--type", "json", "-p", json.dumps(
-        [{"op": "replace", "path": "/spec/rayClusterSpec/workerGroupSpecs/0/replicas", "value": 20}]),
-        says="grow pod set gpu")
+    wait_gated(env, ns, name, 0, 2)  # KubeRay's 2 pods, born gated, released into the booking
+    env.as_alice("patch", "raycluster", name, "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 4}]))
+    wait_gated(env, ns, name, 2, 2)  # the 2 new pods wait gated...
     assert_gate_holds(env, ns)
-    assert len(pods_of(env, ns, name)) == 2
+    ups = wait(lambda: requests_of(env, ns, job, scale_ups=True), 30, "a scale-up request")
+    assert [ps["count"] for pr in ups for ps in pr["spec"]["podSets"]] == [2]  # ...for a booking of exactly them
+    provision_scale_ups(env, ns, job)
+    wait_gated(env, ns, name, 0, 4)
+    assert_gate_holds(env, ns)
 
 
-# --- an admitted object cannot outgrow its booking ---------------------------------------------------
-
-def test_an_admitted_raycluster_cannot_grow_by_any_route(env: Env) -> None:
+def test_an_admitted_raycluster_grows_by_any_route_only_through_bookings(env: Env) -> None:
     ns = NS["main"]
     env.create(ns, raycluster("grower", group("gpu", 2, GPU), group("cpu", 1, CPU),
                               group("spare", 1, GPU, suspend=True)))
-    admit(env, ns, "RayCluster", "grower")
-    wait(lambda: len(pods_of(env, ns, "grower")) == 2, 30, "the 2 booked GPU pods")
+    obj, _ = admit(env, ns, "RayCluster", "grower")
+    wait_gated(env, ns, "grower", 0, 2)
     rc = ("raycluster", "grower", "-n", ns)
-    env.refused("patch", *rc, "--type", "merge", "-p", merge({"spec": {"workerGroupSpecs": [
-        group("gpu", 8, GPU), group("cpu", 1, CPU), group("spare", 1, GPU, suspend=True)]}}),
-        says="grow pod set gpu from 2 to 8 pods")
-    for ops, says in [
-        ([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 20}], "grow pod set gpu"),
-        ([{"op": "add", "path": "/spec/workerGroupSpecs/0/numOfHosts", "value": 4}], "from 2 to 8 pods"),
-        ([{"op": "replace", "path": "/spec/workerGroupSpecs/0/template/spec/containers/0/resources/limits/"
-           "nvidia.com~1gpu", "value": "8"}], "raise nvidia.com/gpu per pod"),
-        ([{"op": "add", "path": "/spec/workerGroupSpecs/1/template/spec/containers/0/resources/limits/"
-           "nvidia.com~1gpu", "value": "1"}], "add pod set cpu"),
-        ([{"op": "replace", "path": "/spec/workerGroupSpecs/2/suspend", "value": False}], "add pod set spare"),
-        ([{"op": "add", "path": "/spec/workerGroupSpecs/-", "value": group("more", 4, GPU)}], "add pod set more"),
-        ([{"op": "replace", "path": "/spec/enableInTreeAutoscaling", "value": True}], "from 2 to 10 pods"),
+    for ops in [
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 3}],
+        [{"op": "add", "path": "/spec/workerGroupSpecs/0/numOfHosts", "value": 2}],
+        [{"op": "add", "path": "/spec/workerGroupSpecs/1/template/spec/containers/0/resources/limits/"
+          "nvidia.com~1gpu", "value": "1"}],
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/2/suspend", "value": False}],
+        [{"op": "add", "path": "/spec/workerGroupSpecs/-", "value": group("more", 2, GPU)}],
     ]:
-        env.refused("patch", *rc, "--type", "json", "-p", json.dumps(ops), says=says)
-    # Server-side apply, replace, and another served version of the API take the same guard.
-    applied = raycluster("grower", group("gpu", 20, GPU), group("cpu", 1, CPU), group("spare", 1, GPU, suspend=True))
-    env.refused("apply", "--server-side", "--force-conflicts", "-n", ns, "-f", "-", input_obj=applied,
-                says="grow pod set gpu")
+        env.as_alice("patch", *rc, "--type", "json", "-p", json.dumps(ops))
+        assert_gate_holds(env, ns, seconds=2)
+    # Server-side apply and another served version of the API take the same gate.
     current = env.get(ns, "RayCluster", "grower")
-    current["spec"]["workerGroupSpecs"][0]["replicas"] = 20
-    env.refused("replace", "-n", ns, "-f", "-", input_obj=current, says="grow pod set gpu")
-    env.refused("patch", "rayclusters.v1alpha1.ray.io", "grower", "-n", ns, "--type", "json", "-p", json.dumps(
-        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 20}]), says="grow pod set gpu")
-    # Growing what needs no booking is fine.
-    env.as_alice("patch", *rc, "--type", "json", "-p", json.dumps(
-        [{"op": "replace", "path": "/spec/workerGroupSpecs/1/replicas", "value": 3}]))
+    current["spec"]["workerGroupSpecs"][0]["replicas"] = 4
+    env.as_alice("replace", "-n", ns, "-f", "-", input_obj=current)
+    env.as_alice("patch", "rayclusters.v1alpha1.ray.io", "grower", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/3/replicas", "value": 3}]))
     assert_gate_holds(env, ns)
-    assert len(pods_of(env, ns, "grower")) == 2
+    ups = wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "scale-up requests")
+    assert ups and all(not provisioned(pr) for pr in ups)
+    consistently(lambda: not gate_violations(env, ns) and any(gated(p) for p in pods_of(env, ns, "grower")), 3,
+                 "the new pods to wait gated while nothing books them")
+    # Booked: every gated pod is released, and no more.
+    wait(lambda: not provision_scale_ups(env, ns, obj) or all(
+        not gated(p) for p in pods_of(env, ns, "grower")), 90, "every scale-up booked and its pods released")
+    assert_gate_holds(env, ns)
+
+
+def test_gpus_in_init_containers_sidecars_or_limits_alone_are_gated_and_booked_the_same(env: Env) -> None:
+    ns = NS["main"]
+    init = group("init", 1, CPU)
+    init["template"]["spec"]["initContainers"] = [{"name": "warm", "image": "ray", "resources": {
+        "limits": {"nvidia.com/gpu": "1"}}}]
+    sidecar = group("sidecar", 1, CPU)
+    sidecar["template"]["spec"]["initContainers"] = [{"name": "proxy", "image": "ray", "restartPolicy": "Always",
+                                                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    limits_only = group("limits", 1, {"limits": {"nvidia.com/gpu": "1"}})
+    obj = env.create(ns, raycluster("hidden", init, sidecar, limits_only))
+    pr = current_request(env, ns, "RayCluster", "hidden")
+    assert sorted(ps["count"] for ps in pr["spec"]["podSets"]) == [1, 1, 1]  # every one of them booked
+    admit(env, ns, "RayCluster", "hidden")
+    wait_gated(env, ns, "hidden", 0, 3)
+    for i in range(3):
+        env.as_alice("patch", "raycluster", "hidden", "-n", ns, "--type", "json", "-p", json.dumps(
+            [{"op": "replace", "path": f"/spec/workerGroupSpecs/{i}/replicas", "value": 2}]))
+    wait_gated(env, ns, "hidden", 3, 3)
+    assert_gate_holds(env, ns)
+    assert len(wait(lambda: (lambda u: u if len(u) == 3 else None)(requests_of(env, ns, obj, scale_ups=True)), 30,
+                    "a scale-up per pod set")) == 3
+
+
+def test_a_submitter_pod_that_asks_for_gpus_is_gated_and_booked(env: Env) -> None:
+    """KubeRay's batch Job for a RayJob (K8sJobMode): its pods come from the Job controller, from a template the
+    user wrote. Played here by creating the Job as KubeRay does (the submitter starts only once the Ray cluster
+    is up, and nothing runs Ray here)."""
+    ns = NS["main"]
+    obj = rayjob("submits")
+    obj["spec"]["submitterPodTemplate"] = {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "submit", "image": "ray", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    env.create(ns, obj)
+    pr = current_request(env, ns, "RayJob", "submits")
+    assert sorted(ps["count"] for ps in pr["spec"]["podSets"]) == [1, 2]  # the submitter's GPU is booked too
+    job, _ = admit(env, ns, "RayJob", "submits")
+    for name in ("submits", "submits-again"):  # KubeRay's Job, and a second one nothing booked
+        env.kube.create(JOBS, {
+            "metadata": {"name": name, "labels": dict([keys.KUBERAY_CREATED_BY]), "ownerReferences": [
+                {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "submits", "uid": job["metadata"]["uid"],
+                 "controller": True}]},
+            "spec": {"backoffLimit": 0, "template": job["spec"]["submitterPodTemplate"]}}, ns)
+
+    def submitters() -> list[JSON]:
+        return [p for p in env.kube.list(PODS, ns, labelSelector="batch.kubernetes.io/job-name").get("items") or []
+                if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") in ("submits", "submits-again")]
+    wait(lambda: sorted(gated(p) for p in submitters()) == [False, True], 60,
+         "one submitter pod released into its booking, the other gated")
+    assert_gate_holds(env, ns)
+
+
+def test_an_elastic_cluster_booked_nothing_at_start_books_each_scale_up(env: Env) -> None:
+    """The hole the pod gate closes: autoscaling, replicas 0, maxReplicas 100 is admitted with nothing booked;
+    raising replicas used to give GPU pods raygate never booked."""
+    ns = NS["main"]
+    obj = raycluster("elastic", group("gpu", 0, GPU, minReplicas=0, maxReplicas=100))
+    obj["spec"]["enableInTreeAutoscaling"] = True
+    created = env.create(ns, obj)
+    wait(lambda: state(env.get(ns, "RayCluster", "elastic")) == "Admitted", 30, "admitted with nothing to book")
+    assert requests_of(env, ns, created) == []
+    env.as_alice("patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 3}]))
+    wait_gated(env, ns, "elastic", 3, 0)
+    ups = wait(lambda: requests_of(env, ns, created, scale_ups=True), 30, "a scale-up request")
+    assert [ps["count"] for ps in ups[0]["spec"]["podSets"]] == [3]
+    assert ups[0]["spec"]["provisioningClassName"] == keys.BEST_EFFORT_ATOMIC_CLASS
+    consistently(lambda: not gate_violations(env, ns) and sum(gated(p) for p in pods_of(env, ns, "elastic")) == 3, 3,
+                 "the 3 pods to wait gated while nothing is Provisioned")
 
 
 def test_admitted_then_suspended_by_its_user_waits_for_capacity_again(env: Env) -> None:
@@ -457,22 +575,22 @@ def test_a_user_cannot_create_an_object_already_admitted(env: Env) -> None:
     assert_gate_holds(env, ns)
 
 
-def test_autoscaling_books_the_replicas_kuberay_starts_and_stays_within_its_ceiling(env: Env) -> None:
+def test_autoscaling_books_the_replicas_kuberay_starts_and_each_scale_up(env: Env) -> None:
     ns = NS["main"]
-    obj = raycluster("elastic", group("gpu", 3, GPU, minReplicas=0, maxReplicas=5))
+    obj = raycluster("autoscaled", group("gpu", 3, GPU, minReplicas=0, maxReplicas=5))
     obj["spec"]["enableInTreeAutoscaling"] = True
     env.create(ns, obj)
-    pr = current_request(env, ns, "RayCluster", "elastic")
+    pr = current_request(env, ns, "RayCluster", "autoscaled")
     assert pr["spec"]["podSets"][0]["count"] == 3  # not minReplicas (0): KubeRay starts 3
-    admit(env, ns, "RayCluster", "elastic")
-    wait(lambda: len(pods_of(env, ns, "elastic")) == 3, 30, "the 3 booked GPU pods")
-    assert_gate_holds(env, ns)
-    env.refused("patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
-        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": 50}]),
-        says="grow pod set gpu from 5 to 50 pods")
-    # The Ray autoscaler may use the elastic room up to maxReplicas (documented: not booked).
-    env.as_alice("patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
+    admit(env, ns, "RayCluster", "autoscaled")
+    wait_gated(env, ns, "autoscaled", 0, 3)
+    env.refused("patch", "raycluster", "autoscaled", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/maxReplicas", "value": 5000}]),
+        says="limits.maxPods")  # the ceiling counts, within the namespace's limits
+    env.as_alice("patch", "raycluster", "autoscaled", "-n", ns, "--type", "json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 5}]))
+    wait_gated(env, ns, "autoscaled", 2, 3)
+    assert_gate_holds(env, ns)
 
 
 # --- manifests KubeRay cannot hold ------------------------------------------------------------------
