@@ -38,7 +38,7 @@ from raygate.kube.client import ApiError, Kube
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"cap-{k}-{SUFFIX}" for k in ("auto", "big", "check")}
+NS = {k: f"cap-{k}-{SUFFIX}" for k in ("auto", "big", "check", "elastic")}
 PR = provisioning_requests("v1")
 # One node more than the largest test needs at once: the pinned autoscaler may add a node twice for one
 # request when its Provisioned write conflicts with its own Accepted write (fixed upstream, #9842).
@@ -269,6 +269,73 @@ def test_a_job_larger_than_the_node_group_is_held_with_the_autoscalers_reason_th
     assert failed["spec"]["suspend"] is True and no_pods()
     assert not stack.kube.list(PR, ns).get("items"), "giving up deletes the requests"
     stack.kube.delete(RAYJOBS, "huge", ns)
+
+
+# --- the Ray autoscaler's scale-ups, booked as gangs of their own ------------------------------------
+
+def kubectl_as(stack: Stack, user: str, *args: str) -> None:
+    stack.cluster.kubectl("--as", user, *args)  # raises with kubectl's message when refused
+
+
+def gated(pod: JSON) -> bool:
+    return any(g.get("name") == keys.CAPACITY_GATE for g in pod["spec"].get("schedulingGates") or [])
+
+
+def test_the_ray_autoscalers_scale_ups_are_booked_as_gangs_of_their_own(stack: Stack) -> None:
+    ns = NS["elastic"]
+    res = {"cpu": "1", GPU_RESOURCE: "2"}
+    cluster = (builders.RayCluster("elastic", ns).autoscaling()
+               .worker("gpu", replicas=2, min_replicas=0, max_replicas=8, requests=res, limits=res).obj())
+    stack.create(cluster)
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "elastic", "Admitted")
+    first = {p["spec"]["nodeName"] for p in gpu_pods(stack.running_pods(ns, keys.RAYCLUSTER_KIND, "elastic", 3))}
+    nodes_before = stack.group(GPU_GROUP)
+    # The Ray autoscaler asks for 2 more workers, as it does: a patch of replicas under the head pod's
+    # ServiceAccount (KubeRay names it after the cluster and lets it patch the cluster).
+    ray_autoscaler = f"system:serviceaccount:{ns}:elastic"
+    wait(lambda: "elastic" in stack.cluster.kubectl("get", "serviceaccount", "-n", ns, "-o", "name", check=False),
+         30, "KubeRay to make the head's ServiceAccount")
+    t0 = time.monotonic()
+    kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 4}]))
+    wait(lambda: sum(gated(p) for p in stack.pods(ns, "elastic")) >= 1, 60, "the new workers to be born gated")
+    ups = wait(lambda: [r for r in stack.kube.list(PR, ns).get("items") or []
+                        if keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})], 60,
+               "a request for the scale-up")
+    assert [ps["count"] for ps in ups[0]["spec"]["podSets"]] == [2]  # exactly the increment, as one gang
+    running = gpu_pods(stack.running_pods(ns, keys.RAYCLUSTER_KIND, "elastic", 5, timeout=180))
+    print(f"\nscale-up of 2 workers: gated pods -> all Running on the added node in {time.monotonic() - t0:.1f}s")
+    assert len(running) == 4 and not any(gated(p) for p in running)
+    added = stack.group(GPU_GROUP) - nodes_before
+    assert {p["spec"]["nodeName"] for p in running} - first <= added, "the new workers run on the nodes added for them"
+    assert_gang_rule(stack)
+
+    # A second scale-up the node group cannot hold: its pods stay gated, with the autoscaler's word on the cluster.
+    kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 8}]))
+
+    def said() -> str | None:
+        reason = (stack.get(ns, keys.RAYCLUSTER_KIND, "elastic")["metadata"].get("annotations") or {}).get(
+            keys.SCALE_UP_REASON_ANNOTATION, "")
+        return reason if "Provisioned=False" in reason or "Failed=True" in reason else None
+    reason = wait(said, 120, "the autoscaler's reason for the second scale-up on the RayCluster", interval=0.5)
+    print(f"second scale-up held: {reason}")
+    waiting = [p for p in stack.pods(ns, "elastic") if gated(p)]
+    assert len(waiting) == 4 and not any(p["spec"].get("nodeName") for p in waiting)
+    consistently(lambda: all(gated(p) and not p["spec"].get("nodeName") for p in stack.pods(ns, "elastic")
+                             if p["metadata"]["name"] in {w["metadata"]["name"] for w in waiting}), 5,
+                 "the pods nothing booked to stay gated and unbound")
+    assert_gang_rule(stack)
+
+    # The Ray autoscaler gives up on them (workersToDelete): the pending pods and their request go.
+    kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "merge", "-p", json.dumps(
+        {"spec": {"workerGroupSpecs": [{**cluster["spec"]["workerGroupSpecs"][0], "replicas": 4, "scaleStrategy": {
+            "workersToDelete": [p["metadata"]["name"] for p in waiting]}}]}}))
+    wait(lambda: not any(gated(p) for p in stack.pods(ns, "elastic")), 90, "the gated pods to be deleted")
+    wait(lambda: len([r for r in stack.kube.list(PR, ns).get("items") or []
+                      if keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})]) <= 1, 60,
+         "the request of the abandoned scale-up to be deleted")
+    stack.delete(ns, (keys.RAYCLUSTER_KIND, "elastic"))
 
 
 # --- check-capacity answers from the nodes that exist --------------------------------------------

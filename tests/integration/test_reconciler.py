@@ -35,6 +35,7 @@ from raygate.core.api import (
     PODTEMPLATES,
     RAYCLUSTERS,
     RAYJOBS,
+    RAYSERVICES,
     VOLCANO_QUEUES,
     provisioning_requests,
 )
@@ -661,3 +662,45 @@ def provision_all(env: Env, ns: str, stop: threading.Event) -> None:
                 except ApiError:  # deleted or replaced meanwhile; the next pass sees its successor
                     continue
                 done.add(name)
+
+
+# --- RayService: KubeRay's controller makes and updates its clusters ------------------------------------
+
+def rayservice(name: str, gpu_workers: int) -> JSON:
+    cluster = rayjob(name)["spec"]["rayClusterSpec"]
+    cluster["workerGroupSpecs"][0]["replicas"] = gpu_workers
+    return {"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": name},
+            "spec": {"serveConfigV2": "applications: []\n", "rayClusterConfig": cluster}}
+
+
+@pytest.mark.kuberay
+def test_a_rayservice_cluster_is_held_booked_and_updated_by_the_operator_without_refusal(env: Env) -> None:
+    ns = NS["ray"]
+    env.cluster.kubectl("create", "-n", ns, "-f", "-", input_text=json.dumps(rayservice("serve", 2)))
+
+    def cluster() -> JSON | None:
+        items = env.kube.list(RAYCLUSTERS, ns, labelSelector=f"{keys.ORIGINATED_FROM_NAME_LABEL}=serve")["items"]
+        return items[0] if items and state(items[0]) == "Provisioning" else None
+    held = wait(cluster, 60, "the RayService's cluster to be held for its booking")
+    name = held["metadata"]["name"]
+    assert held["spec"]["suspend"] is True
+    pr = next(r for r in requests_of(env, ns) if owned_by(r, held))
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait(lambda: state(env.kube.get(RAYCLUSTERS, name, ns)) == "Admitted", 30, "the cluster to be admitted")
+
+    def gpu_workers() -> list[JSON]:
+        return [p for p in env.kube.list(PODS, ns, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={name}")["items"]
+                if p["metadata"]["labels"].get(keys.RAY_GROUP_LABEL) == "gpu"]
+    wait(lambda: len(gpu_workers()) == 2 and not any(pod_gated(p) for p in gpu_workers()), 60,
+         "its 2 GPU pods released into the booking")
+    # A scale-up in the RayService: the operator updates its cluster wholesale, and raygate books the increment.
+    env.kube.patch(RAYSERVICES, "serve", [{"op": "replace", "path": "/spec/rayClusterConfig/workerGroupSpecs/0/"
+                                           "replicas", "value": 3}], ns, content_type=JSON_PATCH)
+    wait(lambda: any(pod_gated(p) for p in gpu_workers()), 60, "the third GPU pod, born gated")
+    assert state(env.kube.get(RAYCLUSTERS, name, ns)) == "Admitted"
+    wait(lambda: [r for r in requests_of(env, ns) if owned_by(r, held)
+                  and keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})], 30, "its scale-up request")
+    refused = [e for e in env.kube.list(EVENTS, ns, fieldSelector="involvedObject.name=serve").get("items") or []
+               if e["reason"] == "FailedToUpdateRayCluster"]
+    assert refused == [], [e["message"] for e in refused]
+    env.kube.delete(RAYSERVICES, "serve", ns)
