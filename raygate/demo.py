@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raygate import demo_elastic
 from raygate.core import keys
 from raygate.core.errors import RaygateError
 from raygate.core.objects import JSON
@@ -442,7 +443,13 @@ def _scenario(args: argparse.Namespace, cp: Any, kube: Any, layout: Any) -> None
     tl.until(f"{second} runs", lambda s: _running(s[second]) and not s[first]["exists"], args.timeout)
 
     print(f"\nDone: {second} got the GPU node only after {first} was deleted, and runs on it.")
-    print(orjson.dumps({"result": "ok", "admittedAfterDelete": second}).decode())
+
+    tl.say("kubectl delete", f"rayjob/{second}")
+    cp.kubectl("delete", "rayjob", "-n", DEMO_NAMESPACE, second, "--wait=false")
+    tl.until(f"{second} and its pods are gone", lambda s: not s[second]["exists"], args.timeout)
+    demo_elastic.act(cp, kube, DEMO_NAMESPACE, args.timeout)
+    print(orjson.dumps({"result": "ok", "admittedAfterDelete": second, "scaleUpBooked": demo_elastic.CLUSTER})
+          .decode())
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from procs import processes_mentioning
 
+from raygate.core import keys
 from raygate.devenv.build import Bundle
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
@@ -33,7 +34,7 @@ def run_demo(dev: Path, *extra: str) -> str:
     out = proc.stdout
     assert proc.returncode == 0, f"demo failed: {proc.stderr[-2000:]}\n{out[-3000:]}"
     result = next(ln for ln in out.splitlines() if ln.startswith('{"result"'))
-    assert json.loads(result) == {"result": "ok", "admittedAfterDelete": "train-b"}
+    assert json.loads(result) == {"result": "ok", "admittedAfterDelete": "train-b", "scaleUpBooked": "elastic"}
     return out
 
 
@@ -64,6 +65,15 @@ def assert_the_story(out: str) -> None:
     b_pods = [ln for ln in lines[b_created:a_deleted] if "rayjob/train-b " in ln and "pods" in ln]
     assert b_pods and all("rayclusters=0  pods=0" in ln for ln in b_pods), b_pods
     assert "cluster-autoscaler (kwok provider)" in out
+    # The second act: a scale-up is born gated, booked as a gang of its own, released; the next one waits.
+    scaled = first("patch replicas=2", "Ray autoscaler")
+    booked = next(i for i, ln in enumerate(lines) if "provreq/elastic" in ln and "scale-up of 1 pod(s)" in ln
+                  and "Provisioned=True" in ln)
+    released = max(i for i, ln in enumerate(lines) if "pod/elastic" in ln and "released  Running" in ln)
+    waits = first("patch replicas=4", "Ray autoscaler")
+    reason = first(f"{keys.SCALE_UP_REASON_ANNOTATION}: 2 pods of pod set gpu wait gated", "raycluster/elastic")
+    assert b_running < scaled < booked < released < waits < reason
+    assert any("pod/elastic" in ln and "gated" in ln for ln in lines[scaled:booked])
 
 
 def test_demo_runs_again_after_dev_down_on_what_the_first_run_left(bundle: Bundle, tmp_path: Path) -> None:

@@ -1,0 +1,131 @@
+"""The demo's second act: the Ray autoscaler scales a running cluster up, and raygate books the increment.
+
+A RayCluster with in-tree autoscaling runs one GPU worker. The Ray autoscaler (played here with its own
+identity, the head pod's ServiceAccount, and the patch it makes) asks for one more: the new worker is
+born gated, raygate asks for exactly that increment, and lifts the gate once it is Provisioned. Then it
+asks for two more than the node group can hold: they wait gated, unbound, with the autoscaler's reason
+on the RayCluster, and no node is added for them one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from raygate.core import keys
+from raygate.core.errors import RaygateError
+
+CLUSTER = "elastic"
+GPUS_PER_WORKER = 2
+
+
+def raycluster(namespace: str) -> dict[str, Any]:
+    """An autoscaling RayCluster as a data scientist writes it: one GPU worker to start, up to 3."""
+    worker = {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": str(GPUS_PER_WORKER)}
+    return {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": CLUSTER, "namespace": namespace},
+        "spec": {
+            "enableInTreeAutoscaling": True,
+            "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
+                "name": "ray-head", "image": "rayproject/ray:2.46.0",
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}}]}}},
+            "workerGroupSpecs": [{
+                "groupName": "gpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 3, "rayStartParams": {},
+                "template": {"spec": {"containers": [{
+                    "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
+                    "resources": {"requests": worker, "limits": worker}}]}},
+            }],
+        },
+    }
+
+
+def _gated(pod: dict[str, Any]) -> bool:
+    return any(g.get("name") == keys.CAPACITY_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+class Watch:
+    """Prints the cluster's GPU workers, its scale-up requests and its scale-up reason when they change."""
+
+    def __init__(self, kube: Any, namespace: str, start: float) -> None:
+        self.kube, self.namespace, self.start = kube, namespace, start
+        self.seen: dict[str, str] = {}
+
+    def say(self, subject: str, text: str) -> None:
+        print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
+
+    def _report(self, subject: str, text: str) -> None:
+        if self.seen.get(subject) != text:
+            self.seen[subject] = text
+            self.say(subject, text)
+
+    def workers(self) -> list[dict[str, Any]]:
+        from raygate.core.api import PODS
+
+        pods = self.kube.list(PODS, self.namespace, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={CLUSTER}")["items"]
+        return [p for p in pods if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == "gpu"
+                and not p["metadata"].get("deletionTimestamp")]
+
+    def tick(self) -> list[dict[str, Any]]:
+        from raygate.core.api import RAYCLUSTERS, provisioning_requests
+        from raygate.core.conditions import raw_conditions
+
+        workers = self.workers()
+        for p in workers:
+            phase = (p.get("status") or {}).get("phase", "?")
+            where = p["spec"].get("nodeName") or "unbound"
+            self._report(f"pod/{p['metadata']['name']}", f"{'gated' if _gated(p) else 'released'}  {phase}  {where}")
+        for pr in self.kube.list(provisioning_requests("v1"), self.namespace)["items"]:
+            if keys.SCALE_UP_ANNOTATION not in (pr["metadata"].get("annotations") or {}):
+                continue
+            count = sum(int(ps["count"]) for ps in pr["spec"]["podSets"])
+            said = ", ".join(f"{t}={c.get('status')}" + (f" ({c['reason']})" if c.get("status") != "True" and
+                                                          c.get("reason") else "")
+                             for t, c in raw_conditions(pr).items() if t in ("Accepted", "Provisioned", "Failed"))
+            self._report(f"provreq/{pr['metadata']['name']}", f"scale-up of {count} pod(s)  {said or 'asked'}")
+        cluster = self.kube.get(RAYCLUSTERS, CLUSTER, self.namespace)
+        reason = (cluster["metadata"].get("annotations") or {}).get(keys.SCALE_UP_REASON_ANNOTATION)
+        if reason:
+            self._report(f"raycluster/{CLUSTER}", f"{keys.SCALE_UP_REASON_ANNOTATION}: {reason[:140]}")
+        return workers
+
+    def until(self, what: str, done: Callable[[list[dict[str, Any]]], bool], timeout: float, hold: float = 0) -> None:
+        deadline = time.monotonic() + timeout
+        since: float | None = None
+        while time.monotonic() < deadline:
+            if done(self.tick()):
+                since = since or time.monotonic()
+                if time.monotonic() - since >= hold:
+                    return
+            else:
+                since = None
+            time.sleep(0.25)
+        raise RaygateError(f"demo: timed out after {timeout:.0f}s waiting until {what}")
+
+
+def _running(workers: list[dict[str, Any]], n: int) -> bool:
+    up = [p for p in workers if not _gated(p) and (p.get("status") or {}).get("phase") == "Running"]
+    return len(up) >= n
+
+
+def act(cp: Any, kube: Any, namespace: str, timeout: float) -> None:
+    from raygate.core.api import RAYCLUSTERS
+
+    print(f"\nSecond act: the Ray autoscaler scales {CLUSTER} up; raygate books each increment as a gang of its own.")
+    watch = Watch(kube, namespace, time.monotonic())
+    kube.create(RAYCLUSTERS, raycluster(namespace), namespace)
+    watch.say("kubectl create", f"raycluster/{CLUSTER} (autoscaling, 1 GPU worker, up to 3)")
+    watch.until(f"{CLUSTER} runs its first worker", lambda w: _running(w, 1), timeout)
+    ray_autoscaler = f"system:serviceaccount:{namespace}:{CLUSTER}"  # the head pod's ServiceAccount
+    for replicas, words in ((2, "one more worker: the node has room, the increment is booked"),
+                            (4, "two more than the node group holds")):
+        watch.say(f"Ray autoscaler ({CLUSTER} SA)", f"patch replicas={replicas}: {words}")
+        cp.kubectl("--as", ray_autoscaler, "patch", "raycluster", CLUSTER, "-n", namespace, "--type", "json", "-p",
+                   json.dumps([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": replicas}]))
+        if replicas == 2:
+            watch.until("the new worker is booked, released and runs", lambda w: _running(w, 2), timeout)
+    watch.until("the two more wait gated and unbound, with the autoscaler's reason on the RayCluster",
+                lambda w: sum(_gated(p) and not p["spec"].get("nodeName") for p in w) == 2
+                and bool(watch.seen.get(f"raycluster/{CLUSTER}")) and _running(w, 2), timeout, hold=5)
+    print(f"\nDone: {CLUSTER}'s first scale-up was booked and runs; the second waits gated, holding no GPU.")
