@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, volcano, fuzz).
+memory, startup, capacity, volcano, podgate, fuzz).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "volcano",
-                            "fuzz", "all"])
+                            "podgate", "fuzz", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -88,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fuzz,
         memory_bench,
         peer_bench,
+        podgate_bench,
         reconciler_bench,
         startup_bench,
         volcano_bench,
@@ -97,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     benches: dict[str, Callable[[Any], int]] = {
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
-        "capacity": capacity_bench.main, "volcano": volcano_bench.main, "fuzz": fuzz.main,
+        "capacity": capacity_bench.main, "volcano": volcano_bench.main, "podgate": podgate_bench.main,
+        "fuzz": fuzz.main,
     }
     names = list(benches) if args.which == "all" else [args.which]
     failed = []

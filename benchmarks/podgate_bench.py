@@ -1,0 +1,222 @@
+"""What the gate at the pod costs: the pod webhook's latency, a gang's Provisioned -> every pod bound with
+the gate and without it, and a scale-up's pods from creation to bound on the real cluster-autoscaler.
+
+1. Pod reviews served over TLS (the shipped webhook, 2 workers x 8 threads): a CREATE of a GPU worker pod
+   as KubeRay makes it, which the webhook gates, at concurrency 1 and 8. Target p99 <= 5 ms at 8.
+2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
+   the moment its request is Provisioned to every worker bound, once with the pod gate and once without
+   it (the pod rules taken out of raygate's webhook registrations, so pods are not gated: raygate as it
+   was before the gate). Target: with the gate within 20% of without.
+3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: the new pods'
+   creation -> all bound, with the real cluster-autoscaler adding the node for their scale-up request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from benchmarks import common
+from benchmarks.common import BenchError, Target
+from benchmarks.samples import admission_review
+from benchmarks.webhook_bench import drive
+from raygate.core import keys
+from raygate.core.api import NODES, PODS, RAYCLUSTERS
+from raygate.core.objects import JSON
+from raygate.kube.client import Kube
+
+NAMESPACE = "bench-podgate"  # the scale-up: best-effort-atomic, the autoscaler adds its node
+GANG_NAMESPACE = "bench-podgate-gang"  # the gang: check-capacity on GPU nodes that exist
+STATIC_GROUP = "gpu-static"
+GANG = 32
+SCALE_UP = 4
+P99_TARGET_MS = 5.0
+OVERHEAD_TARGET = 1.2
+
+
+def gpu_pod(i: int) -> JSON:
+    """A GPU worker pod as KubeRay creates it for an admitted cluster."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"train-gpu-worker-{i:05d}", "namespace": NAMESPACE,
+                         "labels": {keys.RAY_CLUSTER_LABEL: "train", keys.RAY_GROUP_LABEL: "gpu",
+                                    keys.RAY_NODE_TYPE_LABEL: "worker"},
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "train",
+                                              "uid": "3f1c", "controller": True}]},
+            "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu", "resources": {
+                "requests": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"},
+                "limits": {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": "1"}}}],
+                     "initContainers": [{"name": "wait-gcs-ready", "image": "rayproject/ray:2.46.0-gpu",
+                                         "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}}]}}
+
+
+def served(warmup: float, duration: float) -> list[dict[str, Any]]:
+    from raygate.devenv import raygate_local
+
+    bodies = [orjson.dumps(admission_review(gpu_pod(i), uid=str(uuid.uuid4()))) for i in range(256)]
+    with common.control_plane() as cp:
+        cp.kubectl("create", "namespace", NAMESPACE)
+        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        hook = raygate_local.start_webhook(cp, workers=2, threads=8, register=False, name="podgate-webhook")
+        state = cp.load_state()
+        if state is None:
+            raise BenchError("the control plane lost its state file")
+        port = int(hook.url.rsplit(":", 1)[1])
+        time.sleep(2)  # both workers ready
+        runs = []
+        for c in (1, 8):
+            r = drive(port, str(hook.ca_file), c, processes=1 if c == 1 else 2, warmup=warmup, duration=duration,
+                      server_pid=state.pids["podgate-webhook"], bodies=bodies)
+            print(f"bench: pod webhook c={c}: {r['reviews_per_s']:,.0f}/s p50 {r['latency_ms']['p50']:.2f} ms "
+                  f"p99 {r['latency_ms']['p99']:.2f} ms", flush=True)
+            runs.append(r)
+    return runs
+
+
+def _cluster(name: str, namespace: str, workers: int, *, autoscaling: bool = False) -> JSON:
+    worker = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"enableInTreeAutoscaling": autoscaling,
+                     "headGroupSpec": {"rayStartParams": {}, "template": {"spec": {"containers": [{
+                         "name": "ray-head", "image": "rayproject/ray:2.46.0",
+                         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}}},
+                     "workerGroupSpecs": [{"groupName": "gpu", "replicas": workers, "minReplicas": 0,
+                                           "maxReplicas": 64, "rayStartParams": {},
+                                           "template": {"spec": {"containers": [{
+                                               "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
+                                               "resources": {"requests": worker, "limits": worker}}]}}}]}}
+
+
+def _workers(kube: Kube, name: str, namespace: str = NAMESPACE) -> list[JSON]:
+    return [p for p in kube.list(PODS, namespace, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={name}")["items"]
+            if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == "gpu"]
+
+
+def _bound(kube: Kube, name: str, namespace: str = NAMESPACE) -> int:
+    return sum(bool(p["spec"].get("nodeName")) for p in _workers(kube, name, namespace))
+
+
+def _until(check: Any, timeout: float, what: str, interval: float = 0.05) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return time.monotonic()
+        time.sleep(interval)
+    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _provisioned(kube: Kube, name: str) -> bool:
+    from raygate.core.api import provisioning_requests
+    from raygate.core.conditions import conditions
+
+    obj = kube.get(RAYCLUSTERS, name, GANG_NAMESPACE)
+    request = (obj["metadata"].get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
+    if not request:
+        return False
+    try:
+        found = conditions(kube.get(provisioning_requests("v1"), request, GANG_NAMESPACE))
+    except Exception:
+        return False
+    return "Provisioned" in found and found["Provisioned"].true
+
+
+def _without_pod_rules(cp: Any) -> None:
+    """raygate as it was before the gate: its webhook registrations without the rules for pods."""
+    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+        name = keys.MUTATING_WEBHOOK_CONFIG if kind.startswith("mutating") else keys.VALIDATING_WEBHOOK_CONFIG
+        obj = json.loads(cp.kubectl("get", kind, name, "-o", "json"))
+        for hook in obj["webhooks"]:
+            hook["rules"] = [r for r in hook["rules"] if "pods" not in r["resources"]]
+        cp.kubectl("replace", "-f", "-", input_text=json.dumps(obj))
+
+
+CONFIG = {"defaults": {"mode": "provisioning", "provisioning": {"className": keys.BEST_EFFORT_ATOMIC_CLASS}},
+          "namespaces": {GANG_NAMESPACE: {"provisioning": {"className": keys.CHECK_CAPACITY_CLASS}}}}
+
+
+def on_capacity(timeout: float) -> dict[str, Any]:
+    import yaml
+
+    from raygate.devenv.capacity import Layout, node, start_capacity
+    from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
+
+    layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
+    out: dict[str, Any] = {"layout": layout.describe()}
+    with common.control_plane(kuberay=True) as cp:
+        state = cp.load_state()
+        assert state is not None
+        start_capacity(cp, state, layout)
+        ensure_system_namespace(cp)
+        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+                   f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
+        start_webhook(cp, workers=2)
+        start_reconciler(cp)
+        for ns in (NAMESPACE, GANG_NAMESPACE):
+            cp.kubectl("create", "namespace", ns)
+            cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
+        # (3) a scale-up on the real autoscaler: its GPU node group starts at zero.
+        kube.create(RAYCLUSTERS, _cluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
+        _until(lambda: _bound(kube, "elastic") == 1, timeout, "the elastic cluster's first worker bound", 0.5)
+        kube.patch(RAYCLUSTERS, "elastic", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
+                                             "value": 1 + SCALE_UP}], NAMESPACE,
+                   content_type="application/json-patch+json")
+        first = _until(lambda: len(_workers(kube, "elastic")) > 1, timeout, "the first pod of the scale-up")
+        bound = _until(lambda: _bound(kube, "elastic") == 1 + SCALE_UP, timeout, "the scale-up's pods bound", 0.2)
+        out["scale_up"] = {"pods": SCALE_UP, "created_to_bound_s": round(bound - first, 2)}
+        print(f"bench: scale-up of {SCALE_UP} workers: created -> bound {bound - first:.1f}s", flush=True)
+        kube.delete(RAYCLUSTERS, "elastic", NAMESPACE)
+        # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
+        for i in range(GANG // layout.gpus_per_node):
+            cp.kubectl("apply", "-f", "-", input_text=json.dumps(
+                node(f"{STATIC_GROUP}-{i}", STATIC_GROUP, 16, 128, gpus=layout.gpus_per_node)))
+        _until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
+            == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
+        for gated in (True, False):
+            if not gated:
+                _without_pod_rules(cp)
+            name = f"gang-{'gated' if gated else 'ungated'}"
+            kube.create(RAYCLUSTERS, _cluster(name, GANG_NAMESPACE, GANG), GANG_NAMESPACE)
+            provisioned = _until(lambda n=name: _provisioned(kube, n), timeout, f"{name} Provisioned", 0.05)
+            done = _until(lambda n=name: _bound(kube, n, GANG_NAMESPACE) == GANG, timeout,
+                          f"every worker of {name} bound", 0.1)
+            out[name] = {"provisioned_to_all_bound_s": round(done - provisioned, 2)}
+            print(f"bench: {name}: Provisioned -> {GANG} workers bound {done - provisioned:.1f}s", flush=True)
+            kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
+            _until(lambda n=name: not _workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
+    report["pod_webhook"] = served(args.warmup, args.duration)
+    report["capacity"] = on_capacity(args.timeout)
+    c8 = next(r for r in report["pod_webhook"] if r["concurrency"] == 8)
+    cap = report["capacity"]
+    ratio = cap["gang-gated"]["provisioned_to_all_bound_s"] / max(cap["gang-ungated"]["provisioned_to_all_bound_s"],
+                                                                   1e-9)
+    report["gang_gated_over_ungated"] = round(ratio, 2)
+    targets = [Target("pod webhook p99 at concurrency 8", c8["latency_ms"]["p99"], "<=", P99_TARGET_MS, "ms"),
+               Target(f"{GANG}-pod gang Provisioned -> bound, gated / ungated", ratio, "<=", OVERHEAD_TARGET, "x")]
+    rows = [[f"pod webhook c={r['concurrency']}", f"{r['reviews_per_s']:,.0f}/s", f"{r['latency_ms']['p50']:.2f}",
+             f"{r['latency_ms']['p99']:.2f}", f"{r['server_cpu_ms_per_review']:.2f}"] for r in report["pod_webhook"]]
+    print(common.table(["", "reviews", "p50 ms", "p99 ms", "server CPU ms/review"], rows,
+                       "The pod webhook (a GPU worker pod, gated), served over TLS, 2 workers x 8 threads"))
+    print(common.table(["", "seconds"], [
+        [f"{GANG}-pod gang, Provisioned -> every worker bound, with the pod gate",
+         cap["gang-gated"]["provisioned_to_all_bound_s"]],
+        [f"{GANG}-pod gang, Provisioned -> every worker bound, without it",
+         cap["gang-ungated"]["provisioned_to_all_bound_s"]],
+        [f"scale-up of {SCALE_UP} workers, pods created -> all bound (real autoscaler adds the node)",
+         cap["scale_up"]["created_to_bound_s"]],
+    ], f"On real capacity ({cap['layout']})"))
+    print()
+    print(common.targets_table(targets))
+    print(common.report_footer(report, common.write_report("podgate", report, targets, t0)))
+    return 0
