@@ -693,14 +693,61 @@ def test_a_rayservice_cluster_is_held_booked_and_updated_by_the_operator_without
                 if p["metadata"]["labels"].get(keys.RAY_GROUP_LABEL) == "gpu"]
     wait(lambda: len(gpu_workers()) == 2 and not any(pod_gated(p) for p in gpu_workers()), 60,
          "its 2 GPU pods released into the booking")
-    # A scale-up in the RayService: the operator updates its cluster wholesale, and raygate books the increment.
-    env.kube.patch(RAYSERVICES, "serve", [{"op": "replace", "path": "/spec/rayClusterConfig/workerGroupSpecs/0/"
-                                           "replicas", "value": 3}], ns, content_type=JSON_PATCH)
-    wait(lambda: any(pod_gated(p) for p in gpu_workers()), 60, "the third GPU pod, born gated")
+    # A new worker group in the RayService: the operator updates its cluster wholesale (replacing its spec,
+    # labels and annotations, as it also does on every reconcile while raygate held it), and raygate books
+    # the new pod as a scale-up.
+    more = {**worker("more", 1, GPU)}
+    env.kube.patch(RAYSERVICES, "serve", [{"op": "add", "path": "/spec/rayClusterConfig/workerGroupSpecs/-",
+                                           "value": more}], ns, content_type=JSON_PATCH)
+
+    def more_pods() -> list[JSON]:
+        return [p for p in env.kube.list(PODS, ns, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={name}")["items"]
+                if p["metadata"]["labels"].get(keys.RAY_GROUP_LABEL) == "more"]
+    wait(lambda: any(pod_gated(p) for p in more_pods()), 60, "the new group's GPU pod, born gated")
     assert state(env.kube.get(RAYCLUSTERS, name, ns)) == "Admitted"
     wait(lambda: [r for r in requests_of(env, ns) if owned_by(r, held)
                   and keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})], 30, "its scale-up request")
+    # (A write conflict, which KubeRay retries, is no refusal: raygate's webhooks refused none of its updates.)
     refused = [e for e in env.kube.list(EVENTS, ns, fieldSelector="involvedObject.name=serve").get("items") or []
-               if e["reason"] == "FailedToUpdateRayCluster"]
+               if e["reason"] in ("FailedToUpdateRayCluster", "FailedToCreateRayCluster")
+               and "admission webhook" in e.get("message", "")]
     assert refused == [], [e["message"] for e in refused]
     env.kube.delete(RAYSERVICES, "serve", ns)
+
+
+@pytest.mark.kuberay
+def test_outages_let_no_gpu_pod_through_and_a_new_leader_releases_from_the_bookings_there_are(env: Env) -> None:
+    """Webhook down (failurePolicy Fail): KubeRay's pod creates fail and are retried, none slips through
+    ungated. Reconciler down: gated pods wait. The next leader releases them into the slots the pods
+    that still run leave free, never one more."""
+    ns = NS["ray"]
+    cluster = RayJob("x", None).head(requests=CPU["requests"]).obj()["spec"]["rayClusterSpec"]
+    cluster["workerGroupSpecs"] = [worker("gpu", 2, GPU)]
+    env.kube.create(RAYCLUSTERS, {"metadata": {"name": "outage"}, "spec": cluster}, ns)
+    pr = wait(lambda: next((r for r in requests_of(env, ns) if r["metadata"]["name"].startswith("outage-")), None),
+              20, "the cluster's request")
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+
+    def gpu_pods() -> list[JSON]:
+        return [p for p in env.kube.list(PODS, ns, labelSelector=f"{keys.RAY_CLUSTER_LABEL}=outage")["items"]
+                if p["metadata"]["labels"].get(keys.RAY_GROUP_LABEL) == "gpu" and not p["metadata"].get(
+                    "deletionTimestamp")]
+    wait(lambda: len(gpu_pods()) == 2 and not any(pod_gated(p) for p in gpu_pods()), 60, "the 2 booked pods released")
+
+    leader = env.leader()
+    env.reconcilers.kill9(leader)
+    env.cluster.stop_process("rg-reconciler-test-webhook")  # still registered: failurePolicy Fail
+    env.kube.delete(PODS, gpu_pods()[0]["metadata"]["name"], ns)
+    consistently(lambda: len(gpu_pods()) == 1, 5, "KubeRay's re-create to fail while the webhook is down")
+
+    start_webhook(env.cluster, name="rg-reconciler-test-webhook")
+    wait(lambda: len(gpu_pods()) == 2, 90, "KubeRay's retry to create the pod once the webhook is back")
+    consistently(lambda: sum(pod_gated(p) for p in gpu_pods()) == 1, 3, "the new pod to wait gated, no reconciler")
+
+    env.reconcilers.start("r2")
+    wait(lambda: env.leader() == "r2", 60, "reconciler r2 to lead")
+    wait(lambda: not any(pod_gated(p) for p in gpu_pods()), 30, "r2 to release it into the slot its predecessor freed")
+    cluster_obj = env.kube.get(RAYCLUSTERS, "outage", ns)
+    assert not [r for r in requests_of(env, ns) if owned_by(r, cluster_obj)
+                and keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})], "no scale-up was needed"
+    env.kube.delete(RAYCLUSTERS, "outage", ns)
