@@ -328,9 +328,10 @@ def test_the_ray_autoscalers_scale_ups_are_booked_as_gangs_of_their_own(stack: S
     assert_gang_rule(stack)
 
     # The Ray autoscaler gives up on them (workersToDelete): the pending pods and their request go.
-    kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "merge", "-p", json.dumps(
-        {"spec": {"workerGroupSpecs": [{**cluster["spec"]["workerGroupSpecs"][0], "replicas": 4, "scaleStrategy": {
-            "workersToDelete": [p["metadata"]["name"] for p in waiting]}}]}}))
+    kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps([
+        {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 4},
+        {"op": "add", "path": "/spec/workerGroupSpecs/0/scaleStrategy",
+         "value": {"workersToDelete": [p["metadata"]["name"] for p in waiting]}}]))
     wait(lambda: not any(gated(p) for p in stack.pods(ns, "elastic")), 90, "the gated pods to be deleted")
     wait(lambda: len([r for r in stack.kube.list(PR, ns).get("items") or []
                       if keys.SCALE_UP_ANNOTATION in (r["metadata"].get("annotations") or {})]) <= 1, 60,
