@@ -1,21 +1,19 @@
 """The Flask shell around the pure decision: routes, metrics and a log line per decision.
 
-POST /mutate and /validate, the only hot routes, are answered by a thin WSGI layer in front of
-Flask (`_FastReviews`): Flask's request context, URL matching and Response object cost more CPU
-than the decision itself. The layer answers exactly what the Flask routes answer (same status,
-body and headers); anything it does not recognise as a plain review POST goes to Flask unchanged.
+Every route, `POST /mutate` and `/validate` included, is a plain Flask view. Flask's own work per
+request (request context, URL matching, the Response) costs as much CPU as the decision itself,
+so the two review views do no more than they must: read the body once from the input stream,
+answer with a Response whose headers are already built, and log only what is logged.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import InternalServerError, RequestEntityTooLarge
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from raygate.webhook import metrics
 from raygate.webhook.decision import Decide, mutate, validate
@@ -26,9 +24,6 @@ from raygate.webhook.state import WebhookState
 
 log = logging.getLogger("raygate.webhook")
 JSON_TYPE = "application/json"
-
-StartResponse = Callable[..., Any]
-WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[bytes], tuple[int, bytes]]:
@@ -71,86 +66,49 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Callable[[b
     return review
 
 
-_STATUS_LINES = {200: "200 OK", 400: "400 BAD REQUEST"}  # werkzeug's spelling, as Flask sends it
+def _read_body(limits: BodyLimits, length: int | None) -> bytes:
+    """The request body, read once (a Content-Length past the limit was refused before reading).
 
-class _FastReviews:
-    """WSGI middleware answering `POST /mutate` and `POST /validate` without Flask.
-
-    Only a request Flask would route to those views and read the same way is taken: exact path,
-    no script name, POST, and a plain Content-Length body (no chunked or streamed input). Everything
-    else, including every other route and method, is passed to Flask's own WSGI app.
+    BodyLimits is the one limit (no MAX_CONTENT_LENGTH): so werkzeug hands over the server's own
+    stream when the server ends it at the body's end (wsgi.input_terminated: gunicorn does, for
+    Content-Length and chunked bodies alike), and no wrapper copies the body once more.
     """
-
-    def __init__(self, app: Flask, flask_wsgi: WSGIApp, routes: dict[str, Callable[[bytes], tuple[int, bytes]]],
-                 limits: BodyLimits) -> None:
-        self.app = app
-        self.flask_wsgi = flask_wsgi
-        self.routes = routes
-        self.limits = limits
-
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        review = self.routes.get(environ.get("PATH_INFO", ""))
-        length = environ.get("CONTENT_LENGTH")
-        if (review is None or environ.get("REQUEST_METHOD") != "POST" or environ.get("SCRIPT_NAME")
-                or not length or not length.isdigit() or environ.get("HTTP_TRANSFER_ENCODING")):
-            return self.flask_wsgi(environ, start_response)
-        n = int(length)
-        if self.limits.too_large(n):
-            # Refused unread; closing the connection spares reading the rest just to find the next request.
-            out = self.limits.refusal(n)
-            start_response("413 REQUEST ENTITY TOO LARGE", [("Content-Type", JSON_TYPE),
-                                                            ("Content-Length", str(len(out))), ("Connection", "close")])
-            return [out]
-        try:
-            with self.limits.reading(n):
-                body = environ["wsgi.input"].read(n) if n else b""
-                status, out = review(body)
-        except Exception:
-            if self.app.config.get("PROPAGATE_EXCEPTIONS"):
-                raise
-            self.app.log_exception(sys.exc_info())  # what Flask does for an unhandled error: log, then 500
-            return InternalServerError()(environ, start_response)
-        start_response(_STATUS_LINES.get(status) or f"{status} {_reason(status)}",
-                       [("Content-Type", JSON_TYPE), ("Content-Length", str(len(out)))])
-        return [out]
-
-
-def _reason(status: int) -> str:
-    from werkzeug.http import HTTP_STATUS_CODES
-
-    return HTTP_STATUS_CODES.get(status, "UNKNOWN").upper()
+    if length is not None:
+        return request.stream.read(length)
+    # Chunked: one byte past the limit tells a body that is too large.
+    data = request.stream.read(limits.max_body + 1)
+    if len(data) > limits.max_body:
+        raise RequestEntityTooLarge()
+    return data
 
 
 def create_app(state: WebhookState, limits: BodyLimits | None = None) -> Flask:
-    app = Flask("raygate-webhook")
+    app = Flask("raygate-webhook", static_folder=None)  # no static files: one rule fewer to match
     limits = limits or BodyLimits()
-    # Flask's own routes see the bodies the fast path passes on (chunked ones): werkzeug stops reading
-    # past this and answers 413.
-    app.config["MAX_CONTENT_LENGTH"] = limits.max_body
-    reviewers = {"/mutate": _reviewer(state, "mutate", mutate), "/validate": _reviewer(state, "validate", validate)}
+    json_headers = {"Content-Type": JSON_TYPE}
 
-    def review(path: str) -> Response:
-        with limits.reading(request.content_length):
-            # Not get_data(): past MAX_CONTENT_LENGTH werkzeug's stream stops at the limit and returns a
-            # cut body; it raises 413 only when asked for more, so ask.
-            data = request.stream.read()
-            if len(data) >= limits.max_body and request.stream.read(1):
-                raise RequestEntityTooLarge()
-            status, body = reviewers[path](data)
-        return Response(body, status=status, mimetype=JSON_TYPE)
+    def review_view(endpoint: str, decide: Decide) -> Callable[[], Response]:
+        review = _reviewer(state, endpoint, decide)
+
+        def view() -> Response:
+            length = request.content_length
+            if length is not None and limits.too_large(length):
+                raise RequestEntityTooLarge()  # unread, and without waiting for the large-body slot
+            with limits.reading(length):
+                status, body = review(_read_body(limits, length))
+            return Response(body, status, json_headers)
+
+        view.__name__ = f"{endpoint}_route"
+        return view
+
+    app.add_url_rule("/mutate", view_func=review_view("mutate", mutate), methods=["POST"])
+    app.add_url_rule("/validate", view_func=review_view("validate", validate), methods=["POST"])
 
     @app.errorhandler(413)
     def too_large(err: Exception) -> Response:
-        return Response(limits.refusal(request.content_length), status=413, mimetype=JSON_TYPE,
-                        headers={"Connection": "close"})
-
-    @app.post("/mutate")
-    def mutate_route() -> Response:
-        return review("/mutate")
-
-    @app.post("/validate")
-    def validate_route() -> Response:
-        return review("/validate")
+        # Sent before the body is read. gunicorn then discards at most 64 KiB of what is left and closes
+        # the connection if more is left (an application may not send Connection: close under WSGI).
+        return Response(limits.refusal(request.content_length), 413, json_headers)
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -170,5 +128,4 @@ def create_app(state: WebhookState, limits: BodyLimits | None = None) -> Flask:
         body, content_type = metrics.exposition()
         return Response(body, content_type=content_type)
 
-    app.wsgi_app = _FastReviews(app, app.wsgi_app, reviewers, limits)  # type: ignore[method-assign]
     return app
