@@ -1,9 +1,10 @@
 """The Flask shell around the pure decision: routes, metrics and a log line per decision.
 
 Every route, `POST /mutate` and `/validate` included, is a plain Flask view. Flask's own work per
-request (request context, URL matching, the Response) costs as much CPU as the decision itself,
-so the two review views do no more than they must: read the body once from the input stream,
-answer with a Response whose headers are already built, and log only what is logged.
+request (request and app contexts, URL matching, the Response) costs about as much CPU as the
+decision once served (README, "Measured side by side"), so the two review views do no more than
+they must: read the body once from the server's stream, answer with headers built once, and log
+only what is logged.
 """
 
 from __future__ import annotations
