@@ -31,7 +31,7 @@ unit: venv
 	$(BIN)/pytest tests/unit
 
 # The image is built first so tests/image runs raygate inside this checkout's image (about 20 s
-# with the base cached, 1.5 min cold; see README "The image").
+# with the base cached, 1.5 min cold; see docs/development.md, "The image").
 test: venv cluster-bins image lint typecheck imports
 	$(BIN)/pytest
 

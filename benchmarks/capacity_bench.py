@@ -23,8 +23,9 @@ from typing import Any
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.kube.client import PODS, RAYCLUSTERS, RAYJOBS, Kube, provisioning_requests
+from raygate.core.api import PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
+from raygate.core.objects import JSON
+from raygate.kube.client import Kube
 
 NAMESPACE = "bench-capacity"
 P99_TARGET_S = {20: 60.0, 100: 240.0}  # create -> every pod Running, with a 1 s autoscaler scan
@@ -90,9 +91,9 @@ def _observe(kube: Kube, created: dict[str, float], timeout: float) -> dict[str,
 
 
 def run_one(n: int, timeout: float) -> dict[str, Any]:
+    from raygate.core.api import NODES
     from raygate.devenv.capacity import GPU_GROUP, NODE_GROUP_LABEL, Layout, start_capacity
     from raygate.devenv.raygate_local import ensure_config, start_reconciler, start_webhook
-    from raygate.kube.client import NODES
 
     # Headroom over one node per job: the pinned autoscaler sometimes adds a node twice for one request
     # (its Provisioned write conflicts with its own Accepted write; fixed upstream by kubernetes/autoscaler

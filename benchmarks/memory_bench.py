@@ -21,8 +21,8 @@ from benchmarks.common import BenchError, Target
 from benchmarks.reconciler_bench import _kube, _pr_resource, _wait_leader
 from benchmarks.samples import rayjob
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.kube.client import RAYJOBS
+from raygate.core.api import RAYJOBS
+from raygate.core.objects import JSON, metadata
 from raygate.kube.informer import Informer
 
 NAMESPACE = "held-jobs"
@@ -40,7 +40,7 @@ class Counting:
     def on_request(self, kind: str, obj: JSON) -> None:
         if kind == "DELETED":
             return
-        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        for ref in metadata(obj).get("ownerReferences") or []:
             if ref.get("kind") == keys.RAYJOB_KIND:
                 with self.changed:
                     self.jobs.add(str(ref.get("name")))

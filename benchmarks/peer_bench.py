@@ -38,8 +38,9 @@ from benchmarks.common import BenchError, Target
 from benchmarks.reconciler_bench import _delta, _kube, _pr_resource, _provisioned_patch, _wait_leader, scrape_writes
 from benchmarks.samples import rayjob
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.kube.client import MERGE_PATCH, RAYJOBS, Kube, Resource
+from raygate.core.api import RAYJOBS, Resource
+from raygate.core.objects import JSON, metadata
+from raygate.kube.client import MERGE_PATCH, Kube
 from raygate.kube.informer import Informer
 
 NAMESPACE = "peer-jobs"
@@ -108,7 +109,7 @@ class Tracker:
 
     def on_job(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
-        name = str((obj.get("metadata") or {}).get("name") or "")
+        name = str(metadata(obj).get("name") or "")
         # Both webhooks store every job suspended; Kueue's unsuspend drops the field (false is Go's omitted
         # zero value), raygate's writes false.
         if kind != "DELETED" and name in self.names and (obj.get("spec") or {}).get("suspend") is not True:
@@ -117,7 +118,7 @@ class Tracker:
                 self.changed.notify_all()
 
     def on_workload(self, kind: str, obj: JSON) -> None:
-        meta = obj.get("metadata") or {}
+        meta = metadata(obj)
         for ref in meta.get("ownerReferences") or []:
             if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
                 with self.changed:
@@ -129,7 +130,7 @@ class Tracker:
         now = time.monotonic()
         if kind == "DELETED":
             return
-        meta = obj.get("metadata") or {}
+        meta = metadata(obj)
         name = str(meta.get("name"))
         for ref in meta.get("ownerReferences") or []:
             with self.changed:

@@ -58,18 +58,10 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import rayjob
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.kube.client import (
-    CONFIGMAPS,
-    EVENTS,
-    LEASES,
-    MERGE_PATCH,
-    RAYJOBS,
-    ApiError,
-    Kube,
-    Resource,
-    provisioning_requests,
-)
+from raygate.core.api import CONFIGMAPS, EVENTS, LEASES, RAYJOBS, Resource, provisioning_requests
+from raygate.core.objects import JSON, get, metadata
+from raygate.kube import discovery
+from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 from raygate.kube.informer import Informer
 
 NAMESPACE = "bench-jobs"
@@ -115,7 +107,7 @@ class Tracker:
 
     def on_job(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
-        meta = obj.get("metadata") or {}
+        meta = metadata(obj)
         name = str(meta.get("name") or "")
         if kind == "DELETED" or name not in self.names:
             return
@@ -138,7 +130,7 @@ class Tracker:
         now = time.monotonic()
         if kind == "DELETED":
             return
-        meta = obj.get("metadata") or {}
+        meta = metadata(obj)
         for ref in meta.get("ownerReferences") or []:
             job = ref.get("name")
             if ref.get("kind") == keys.RAYJOB_KIND and job in self.names:
@@ -248,9 +240,8 @@ def _provisioned_patch() -> JSON:
 
 
 def _pr_resource(kube: Kube) -> Resource:
-    for version in keys.PROVREQ_VERSIONS:
-        if kube.served(keys.PROVREQ_GROUP, version):
-            return provisioning_requests(version)
+    if (version := discovery.served_provreq_version(kube)) is not None:
+        return provisioning_requests(version)
     raise BenchError("the API server serves no ProvisioningRequest version: are the CRDs installed?")
 
 
@@ -402,12 +393,45 @@ def summarize_profile(text: str, top: int = 15) -> dict[str, Any]:
     return {"samples": total, "inclusive_pct": share(inclusive), "self_pct": share(own)}
 
 
-def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler_args: tuple[str, ...] = (),
-             profile: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Boundary:
+    """What the benchmark reads at a phase boundary: API writes, the reconciler's histograms, CPU."""
+
+    at: float
+    writes: Counter[tuple[str, str, str, str]]
+    inside: dict[str, dict[str, float]]
+    cpu: dict[str, float]
+
+    @classmethod
+    def now(cls, cp: Any) -> Boundary:
+        writes, inside = scrape_writes(cp), reconciler_metrics(cp)
+        return cls(time.monotonic(), writes, inside, _cpu_by_process(cp))
+
+
+class RssSampler:
+    """The reconciler's resident memory (its whole process tree), every half second until stopped."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.samples.append(sum(common.status_kb(p, "VmRSS") for p in common.process_tree(self.pid)))
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return {"max": max(self.samples, default=0) / 1024, "last": (self.samples[-1] if self.samples else 0) / 1024}
+
+
+def _start_raygate(cp: Any, kube: Kube, reconciler_args: tuple[str, ...]) -> tuple[int, str]:
+    """The webhook and the reconciler, in the benchmark's opted-in namespace: (reconciler pid, Lease holder)."""
     from raygate.devenv import raygate_local
 
-    kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
-    pr_res = _pr_resource(kube)
     cp.kubectl("create", "namespace", NAMESPACE)
     cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
     raygate_local.start_webhook(cp, workers=2, threads=8)
@@ -415,81 +439,56 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
     state = cp.load_state()
     if state is None or "raygate-reconciler" not in state.pids:
         raise BenchError("the reconciler was not started")
-    rec_pid = state.pids["raygate-reconciler"]
+    rec_pid = int(state.pids["raygate-reconciler"])
     leader = _wait_leader(kube, rec_pid)
     print(f"bench: reconciler pid {rec_pid}, lease holder: {leader}", flush=True)
+    return rec_pid, leader
 
-    names = [f"job-{i:04d}" for i in range(jobs)]
-    tracker = Tracker(set(names))
-    job_watch = Informer(_kube(str(cp.kubeconfig), 2), RAYJOBS, namespace=NAMESPACE, handler=tracker.on_job,
-                         resync_seconds=3600).start()
-    pr_watch = Informer(_kube(str(cp.kubeconfig), 2), pr_res, namespace=NAMESPACE, handler=tracker.on_request,
-                        resync_seconds=3600).start()
-    if not (job_watch.wait_synced(30) and pr_watch.wait_synced(30)):
-        raise BenchError("the benchmark's own watches did not sync")
-    lease_updates: list[float] = []
+
+def _watch(cp: Any, tracker: Tracker, pr_res: Resource, lease_updates: list[float]) -> list[Informer]:
+    """The benchmark's own watches: jobs and requests feed `tracker`, raygate's Lease renewals `lease_updates`."""
 
     def on_lease(kind: str, obj: JSON) -> None:
-        meta = obj.get("metadata") or {}
+        meta = metadata(obj)
         if kind in {"ADDED", "MODIFIED"} and (meta.get("namespace"), meta.get("name")) == (
                 keys.SYSTEM_NAMESPACE, keys.LEADER_LEASE):
             lease_updates.append(time.monotonic())
 
-    lease_watch = Informer(_kube(str(cp.kubeconfig), 2), LEASES, namespace=keys.SYSTEM_NAMESPACE, handler=on_lease,
-                           resync_seconds=3600).start()
-    if not lease_watch.wait_synced(30):
-        raise BenchError("the benchmark's own Lease watch did not sync")
-    manifests = [rayjob(n, NAMESPACE) for n in names]
-    writes0 = scrape_writes(cp)
-    inside0 = reconciler_metrics(cp)
-    t_w0 = time.monotonic()
-    cpu0 = _cpu_by_process(cp)
-    bench_writes: Counter[str] = Counter()
-    rss_samples: list[int] = []
-    stop_sampling = threading.Event()
+    watches = [
+        Informer(_kube(str(cp.kubeconfig), 2), RAYJOBS, namespace=NAMESPACE, handler=tracker.on_job,
+                 resync_seconds=3600).start(),
+        Informer(_kube(str(cp.kubeconfig), 2), pr_res, namespace=NAMESPACE, handler=tracker.on_request,
+                 resync_seconds=3600).start(),
+        Informer(_kube(str(cp.kubeconfig), 2), LEASES, namespace=keys.SYSTEM_NAMESPACE, handler=on_lease,
+                 resync_seconds=3600).start(),
+    ]
+    if not all(w.wait_synced(30) for w in watches):
+        raise BenchError("the benchmark's own watches did not sync")
+    return watches
 
-    def sample_rss() -> None:
-        while not stop_sampling.wait(0.5):
-            rss_samples.append(sum(common.status_kb(p, "VmRSS") for p in common.process_tree(rec_pid)))
 
-    sampler = threading.Thread(target=sample_rss, daemon=True)
-    sampler.start()
-    profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase1.txt") if profile else None
+def _create_all(kube: Kube, tracker: Tracker, names: list[str]) -> tuple[float, float]:
+    """Phase 1: every job created at once; (start, end) of the creates."""
 
-    # Phase 1: create every job at once.
     def create(obj: JSON) -> None:
-        name = obj["metadata"]["name"]
         kube.create(RAYJOBS, obj, NAMESPACE)
         with tracker.changed:
-            tracker.created[name] = time.monotonic()
+            tracker.created[obj["metadata"]["name"]] = time.monotonic()
 
     t_create = time.monotonic()
     with ThreadPoolExecutor(CLIENT_THREADS) as pool:
-        list(pool.map(create, manifests))
-    bench_writes["ray.io/rayjobs POST"] += jobs
+        list(pool.map(create, [rayjob(n, NAMESPACE) for n in names]))
     t_created = time.monotonic()
-    print(f"bench: created {jobs} RayJobs in {t_created - t_create:.1f}s", flush=True)
-    all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
-    t_requests = max(tracker.request_seen.values(), default=float("nan"))
-    all_provisioning = tracker.wait(tracker.provisioning, timeout if all_requests else 5, "in state Provisioning")
-    t_provisioning = max(tracker.provisioning.values(), default=float("nan"))
-    time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
-    writes1 = scrape_writes(cp)
-    inside1 = reconciler_metrics(cp)
-    t_w1 = time.monotonic()
-    cpu1 = _cpu_by_process(cp)
-    profiles: dict[str, Any] = {}
-    if profiler:
-        profiles["phase1"] = profiler.stop()
-        profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase2.txt")
+    print(f"bench: created {len(names)} RayJobs in {t_created - t_create:.1f}s", flush=True)
+    return t_create, t_created
 
-    # Phase 2: cluster-autoscaler says Accepted and Provisioned: `status_writers` threads, each patching one
-    # request after another as fast as the API server answers.
+
+def _provision_all(kube: Kube, pr_res: Resource, targets: dict[str, str], writers: int
+                   ) -> tuple[dict[str, float], dict[str, float], float, float]:
+    """Phase 2: the cluster-autoscaler says Accepted and Provisioned: `writers` threads, each patching one
+    request after another as fast as the API server answers. (sent, returned) per job, start, end."""
     sent: dict[str, float] = {}
     returned: dict[str, float] = {}
-    with tracker.lock:
-        targets = {n: tracker.request_of.get(n) or min(tracker.requests_per_job.get(n) or {""}) for n in names}
-    targets = {n: r for n, r in targets.items() if r}
 
     def provision(item: tuple[str, str]) -> None:
         job, request = item
@@ -498,30 +497,57 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
         sent[job], returned[job] = t0, time.monotonic()
 
     t_patch = time.monotonic()
-    with ThreadPoolExecutor(status_writers) as pool:
+    with ThreadPoolExecutor(writers) as pool:
         list(pool.map(provision, sorted(targets.items())))
     t_patched = time.monotonic()
-    sub = pr_res.plural
-    bench_writes[f"{keys.PROVREQ_GROUP}/{sub}/status PATCH"] += len(targets)
     print(f"bench: set Provisioned on {len(targets)} requests in {t_patched - t_patch:.1f}s", flush=True)
+    return sent, returned, t_patch, t_patched
+
+
+def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler_args: tuple[str, ...] = (),
+             profile: bool = False) -> dict[str, Any]:
+    kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
+    pr_res = _pr_resource(kube)
+    rec_pid, leader = _start_raygate(cp, kube, reconciler_args)
+    names = [f"job-{i:04d}" for i in range(jobs)]
+    tracker = Tracker(set(names))
+    lease_updates: list[float] = []
+    watches = _watch(cp, tracker, pr_res, lease_updates)
+    b0 = Boundary.now(cp)
+    rss = RssSampler(rec_pid)
+    profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase1.txt") if profile else None
+    profiles: dict[str, Any] = {}
+
+    t_create, t_created = _create_all(kube, tracker, names)
+    all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
+    t_requests = max(tracker.request_seen.values(), default=float("nan"))
+    all_provisioning = tracker.wait(tracker.provisioning, timeout if all_requests else 5, "in state Provisioning")
+    t_provisioning = max(tracker.provisioning.values(), default=float("nan"))
+    time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
+    b1 = Boundary.now(cp)
+    if profiler:
+        profiles["phase1"] = profiler.stop()
+        profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase2.txt")
+
+    with tracker.lock:
+        targets = {n: tracker.request_of.get(n) or min(tracker.requests_per_job.get(n) or {""}) for n in names}
+    targets = {n: r for n, r in targets.items() if r}
+    sent, returned, t_patch, t_patched = _provision_all(kube, pr_res, targets, status_writers)
     all_unsuspended = tracker.wait(tracker.unsuspended, timeout, "unsuspended")
     tracker.wait(tracker.admitted, 10 if all_unsuspended else 1, "labelled Admitted")
     time.sleep(3)  # trailing writes (Events, annotations) of the last admissions
-    writes2 = scrape_writes(cp)
-    inside2 = reconciler_metrics(cp)
-    t_w2 = time.monotonic()
-    cpu2 = _cpu_by_process(cp)
+    b2 = Boundary.now(cp)
     if profiler:
         profiles["phase2"] = profiler.stop()
-    stop_sampling.set()
-    sampler.join(timeout=5)
-    rec_tree = common.process_tree(rec_pid)
-    hwm_kb = sum(common.status_kb(p, "VmHWM") for p in rec_tree)
+    rss_mb = rss.stop()
+    hwm_kb = sum(common.status_kb(p, "VmHWM") for p in common.process_tree(rec_pid))
     alive = common.alive(rec_pid)
-    for watch in (job_watch, pr_watch, lease_watch):
+    for watch in watches:
         watch.stop()
-    lease_writes = (sum(1 for t in lease_updates if t_w0 <= t < t_w1),
-                    sum(1 for t in lease_updates if t_w1 <= t < t_w2))
+    lease_writes = (sum(1 for t in lease_updates if b0.at <= t < b1.at),
+                    sum(1 for t in lease_updates if b1.at <= t < b2.at))
+    bench_writes: Counter[str] = Counter({"ray.io/rayjobs POST": jobs,
+                                          f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH": len(targets)})
 
     # Check what the reconciler left, from a fresh list (not only the watch).
     listed = kube.list(RAYJOBS, NAMESPACE).get("items") or []
@@ -551,20 +577,20 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
         "jobs_unsuspended": len(tracker.unsuspended),
         "delay_from_patch_sent_s": common.summary(_delays(sent, tracker.unsuspended)),
         "delay_from_patch_returned_s": common.summary(_delays(returned, tracker.unsuspended)),
-        "writes_by_resource": _writes_table((_delta(writes1, writes0), _delta(writes2, writes1)), bench_writes,
-                                            lease_writes),
+        "writes_by_resource": _writes_table((_delta(b1.writes, b0.writes), _delta(b2.writes, b1.writes)),
+                                            bench_writes, lease_writes),
         "bench_writes": dict(bench_writes),
         "reconciler_peak_rss_mb": hwm_kb / 1024,
-        "reconciler_rss_samples_mb": {"max": max(rss_samples, default=0) / 1024,
-                                      "last": (rss_samples[-1] if rss_samples else 0) / 1024},
+        "reconciler_rss_samples_mb": rss_mb,
         "reconciler_alive_at_end": alive,
         "check": check,
         "cpu_seconds_by_process": {
-            name: {"phase1": round(cpu1.get(name, 0) - cpu0.get(name, 0), 2),
-                   "phase2": round(cpu2.get(name, 0) - cpu1.get(name, 0), 2)} for name in cpu2},
-        "phase_seconds": {"phase1": t_w1 - t_w0, "phase2": t_w2 - t_w1},
+            name: {"phase1": round(b1.cpu.get(name, 0) - b0.cpu.get(name, 0), 2),
+                   "phase2": round(b2.cpu.get(name, 0) - b1.cpu.get(name, 0), 2)} for name in b2.cpu},
+        "phase_seconds": {"phase1": b1.at - b0.at, "phase2": b2.at - b1.at},
         "api_server_probe": probe,
-        "inside_reconciler": {"phase1": latency_between(inside0, inside1), "phase2": latency_between(inside1, inside2)},
+        "inside_reconciler": {"phase1": latency_between(b0.inside, b1.inside),
+                              "phase2": latency_between(b1.inside, b2.inside)},
         "model": predicted_delay(probe, status_writers),
         "profiles": profiles,
     }
@@ -648,12 +674,12 @@ def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
     """Every job Admitted, unsuspended, consume annotations on its GPU templates, one request each."""
     per_job: Counter[str] = Counter()
     for pr in requests:
-        for ref in (pr.get("metadata") or {}).get("ownerReferences") or []:
+        for ref in metadata(pr).get("ownerReferences") or []:
             if ref.get("kind") == keys.RAYJOB_KIND:
                 per_job[str(ref.get("name"))] += 1
     admitted = unsuspended = annotated = 0
     for job in jobs:
-        meta = job.get("metadata") or {}
+        meta = metadata(job)
         spec = job.get("spec") or {}
         admitted += (meta.get("labels") or {}).get(keys.STATE_LABEL) == keys.State.ADMITTED.value
         unsuspended += spec.get("suspend") is False
@@ -661,7 +687,7 @@ def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
         gpu = [g for g in groups if g.get("rayStartParams", {}).get("num-gpus")]
         request = (meta.get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
         annotated += bool(gpu) and all(
-            ((g.get("template") or {}).get("metadata") or {}).get("annotations", {}).get(keys.CONSUME_ANNOTATION)
+            get(g, ("template", "metadata", "annotations", keys.CONSUME_ANNOTATION))
             == request for g in gpu)
     return {"jobs": len(jobs), "admitted": admitted, "unsuspended": unsuspended,
             "consume_annotations_ok": annotated, "requests": len(requests),

@@ -23,8 +23,9 @@ import yaml
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.kube.client import PODGROUPS, PODS, RAYCLUSTERS, Kube
+from raygate.core.api import PODGROUPS, PODS, RAYCLUSTERS
+from raygate.core.objects import JSON
+from raygate.kube.client import Kube
 
 NAMESPACE = "bench-volcano"
 P99_TARGET_S = {20: 30.0}  # create -> every pod Running, with Volcano's 1 s scheduling cycle

@@ -30,7 +30,8 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import admission_review, rayjob
 from raygate.core import keys
-from raygate.core.policy import Mode, NamespacePolicy, RaygateConfig
+from raygate.core.modes import Mode
+from raygate.core.policy import NamespacePolicy, RaygateConfig
 
 NAMESPACE = "bench"
 OPT_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}

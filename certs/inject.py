@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from raygate.certs.apierrors import api_errors
+from raygate.core.api import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, Resource
 from raygate.core.errors import RaygateError
 from raygate.core.keys import MUTATING_WEBHOOK_CONFIG, VALIDATING_WEBHOOK_CONFIG
-from raygate.kube.client import MUTATING_WEBHOOKS, STRATEGIC_MERGE_PATCH, VALIDATING_WEBHOOKS, ApiError, Kube, Resource
+from raygate.core.objects import meta_str
+from raygate.kube.client import STRATEGIC_MERGE_PATCH, ApiError, Kube
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def _inject_one(kube: Kube, kind: Resource, name: str, ca_bundle: bytes, skip_mi
         stale = stale_webhooks(current, ca_bundle)
         if not stale:
             return Injection(kind.kind, name, "unchanged")
-        patch = ca_bundle_patch(stale, ca_bundle, str((obj.get("metadata") or {}).get("resourceVersion", "")))
+        patch = ca_bundle_patch(stale, ca_bundle, meta_str(obj, "resourceVersion"))
         with api_errors("patch", kind.plural, None, kube.host):
             try:
                 kube.patch(kind, name, patch, content_type=STRATEGIC_MERGE_PATCH)

@@ -14,9 +14,10 @@ from typing import Any
 
 from raygate.certs.apierrors import api_errors
 from raygate.certs.rotation import Stored
+from raygate.core.api import SECRETS
 from raygate.core.errors import RaygateError
-from raygate.core.workload import JSON
-from raygate.kube.client import SECRETS, ApiError, Kube
+from raygate.core.objects import JSON, meta_str
+from raygate.kube.client import ApiError, Kube
 
 # The key names kubelet and every TLS consumer expect in a kubernetes.io/tls Secret (plus the CA).
 TLS_CERT = "tls.crt"
@@ -58,10 +59,10 @@ def _encode(stored: Stored) -> dict[str, str]:
 
 
 def _resource_version(secret: JSON) -> str:
-    version = (secret.get("metadata") or {}).get("resourceVersion")
+    version = meta_str(secret, "resourceVersion")
     if not version:
         raise RuntimeError("the API server returned a Secret without resourceVersion")
-    return str(version)
+    return version
 
 
 def read_secret(kube: Kube, namespace: str, name: str) -> LoadedSecret:

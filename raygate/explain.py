@@ -17,7 +17,9 @@ import yaml
 from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.errors import RaygateError
-from raygate.core.policy import DEFAULT_CONFIG, ConfigError, Mode, RaygateConfig, parse_config
+from raygate.core.modes import Mode, rules_for
+from raygate.core.objects import metadata
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
 
 # Why an object is left alone, in words, by the decision's outcome.
 LEFT_ALONE = {
@@ -114,11 +116,6 @@ def with_mode(config: RaygateConfig, namespace: str, mode: str | None) -> Raygat
         raise RaygateError(f"--mode {mode} does not fit the config: {err}") from None
 
 
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
-
-
 # --- deciding -----------------------------------------------------------------------------------
 
 def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
@@ -128,13 +125,12 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
     from raygate.webhook.decision import mutate
     from raygate.webhook.review import AdmissionRequest
 
-    meta = _meta(obj)
     request: AdmissionRequest = {
         "uid": "raygate-explain",
         "kind": {"group": keys.RAY_GROUP, "version": keys.RAY_VERSION, "kind": str(obj["kind"])},
         "operation": "CREATE",
         "namespace": namespace,
-        "name": str(meta.get("name") or ""),
+        "name": str(metadata(obj).get("name") or ""),
         "userInfo": {"username": user},
         "object": obj,
     }
@@ -167,13 +163,13 @@ def _total(per_pod: dict[str, str], count: int) -> dict[str, str]:
 
 
 def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, mode: Mode) -> str:
-    name = _meta(obj).get("name") or _meta(obj).get("generateName") or "?"
+    name = metadata(obj).get("name") or metadata(obj).get("generateName") or "?"
     lines = [f"{obj['kind']} {namespace}/{name} in {mode.value} mode"]
     if not result["allowed"]:
         lines += ["verdict: REFUSED: kubectl create fails with", f"  {result['message']}"]
     elif result["patch"]:
         lines.append("verdict: admitted, changed as below" + (" and held until its capacity is ready"
-                                                              if mode is not Mode.KUEUE else ""))
+                                                              if rules_for(mode).holds else ""))
         if result["message"]:
             lines.append(f"warning: {result['message']}")
     else:
@@ -216,7 +212,7 @@ def _gang_table(gang: dict[str, Any], obj: dict[str, Any]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     obj = load_manifest(args.filename)
-    namespace = args.namespace or str(_meta(obj).get("namespace") or "default")
+    namespace = args.namespace or str(metadata(obj).get("namespace") or "default")
     config = with_mode(load_config(args.config), namespace, args.mode)
     result = explain(obj, config, namespace, args.user)
     if args.output == "json":

@@ -28,15 +28,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
-from raygate.core.policy import Mode
+from raygate.core.keys import ChildKind
+from raygate.core.modes import RULES, group_rules, recorded_mode
+from raygate.core.objects import controller_uid, metadata, string_map
 
 if TYPE_CHECKING:
-    from raygate.core.workload import JSON
-    from raygate.kube.client import Kube, Resource
+    from raygate.core.api import Resource
+    from raygate.core.objects import JSON
+    from raygate.kube.client import Kube
 
 RELEASABLE_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 # Jobs first, so a child is never deleted before the patch that releases its job succeeded.
-CHILD_KINDS = ("ProvisioningRequest", "PodTemplate", "PodGroup")
+CHILD_KINDS = tuple(ChildKind)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @dataclass(frozen=True)
 class Child:
-    kind: str
+    kind: ChildKind
     namespace: str
     name: str
     owner_uid: str | None
@@ -98,31 +101,19 @@ class Plan:
         return [i for i in self.items if i.action != "skip"]
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+def child_of(kind: ChildKind, obj: Mapping[str, Any]) -> Child:
+    found = metadata(obj)
+    return Child(kind, str(found.get("namespace", "")), str(found.get("name", "")), controller_uid(obj))
 
 
-def _strmap(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
-
-
-def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    for ref in _meta(obj).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("uid"):
-            return str(ref["uid"])
-    return None
-
-
-def child_of(kind: str, obj: Mapping[str, Any]) -> Child:
-    meta = _meta(obj)
-    return Child(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), controller_uid(obj))
-
-
-def _skip_reason(mode: str, labels: Mapping[str, str]) -> str | None:
-    if mode == Mode.KUEUE or keys.KUEUE_QUEUE_LABEL in labels:
-        return ("Kueue owns spec.suspend of this job (kueue mode or a Kueue queue label): Kueue admits it, "
-                "raygate's release never unsuspends it")
+def _skip_reason(annotations: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+    """Another system admits this job (its recorded mode, or that system's own labels): it owns spec.suspend."""
+    mode = recorded_mode(annotations)
+    other = [r for r in RULES.values() if not r.holds and (r.mode is mode or r.claims(labels))]
+    if other:
+        who = other[0].admitted_by
+        return (f"{who} owns spec.suspend of this job ({other[0].mode.value} mode, or {who}'s own labels): {who} "
+                "admits it, raygate's release never unsuspends it")
     return None
 
 
@@ -135,34 +126,36 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
     items: list[Item] = []
     uids: set[str] = set()
     for kind, obj in jobs:
-        meta = _meta(obj)
-        uid = str(meta.get("uid", ""))
+        found = metadata(obj)
+        uid = str(found.get("uid", ""))
         uids.add(uid)
-        labels, annotations = _strmap(meta.get("labels")), _strmap(meta.get("annotations"))
+        labels, annotations = string_map(found.get("labels")), string_map(found.get("annotations"))
         state = labels.get(keys.STATE_LABEL, "")
         if state not in RELEASABLE_STATES:
             continue  # never held, or Admitted and running: nothing of raygate's stops it
         mode = annotations.get(keys.MODE_ANNOTATION, "")
         mine = sorted(by_owner.get(uid, []), key=lambda c: (CHILD_KINDS.index(c.kind), c.name))
-        item = Item(kind, str(meta.get("namespace", "")), str(meta.get("name", "")), uid, state, mode,
+        item = Item(kind, str(found.get("namespace", "")), str(found.get("name", "")), uid, state, mode,
                     action="delete" if delete else "release", obj=obj)
-        skip = _skip_reason(mode, labels)
+        recorded = recorded_mode(annotations)
+        group = group_rules(recorded) if recorded is not None else None
+        skip = _skip_reason(annotations, labels)
         if skip:
             item.action, item.why = "skip", skip
-        elif delete:
+        elif delete or group is None:
             item.delete_children = mine
-        elif mode == Mode.VOLCANO:
-            groups = [c for c in mine if c.kind == "PodGroup"]
+        else:
+            kind_of_group = ChildKind(group.group_resource.kind)
+            groups = [c for c in mine if c.kind == kind_of_group]
             if not groups:
                 item.action = "skip"
-                item.why = ("volcano mode, but its PodGroup was never created: its pods name a PodGroup that "
-                            "does not exist and would never schedule; delete it (--delete) and create it again")
+                item.why = (f"{mode} mode, but its {kind_of_group} was never created: its pods name a "
+                            f"{kind_of_group} that does not exist and would never schedule; delete it (--delete) "
+                            "and create it again")
             else:
-                # Its pods are routed to Volcano in this PodGroup: keeping it keeps the gang.
+                # Its pods are scheduled through this group: keeping it keeps the gang.
                 item.keep_children = groups
-                item.delete_children = [c for c in mine if c.kind != "PodGroup"]
-        else:
-            item.delete_children = mine
+                item.delete_children = [c for c in mine if c.kind != kind_of_group]
         items.append(item)
     items.sort(key=lambda i: (i.namespace, i.kind, i.name))
     orphans = sorted((c for uid, cs in by_owner.items() if uid not in uids for c in cs),
@@ -177,10 +170,10 @@ def _escape(key: str) -> str:
 def release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch that unsuspends `obj` and removes raygate's label and annotations, applied only
     while the job is still the one listed in the state listed (uid and state label tested)."""
-    meta = _meta(obj)
-    labels, annotations = _strmap(meta.get("labels")), _strmap(meta.get("annotations"))
+    found = metadata(obj)
+    labels, annotations = string_map(found.get("labels")), string_map(found.get("annotations"))
     ops: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
+        {"op": "test", "path": "/metadata/uid", "value": found.get("uid")},
         {"op": "test", "path": f"/metadata/labels/{_escape(keys.STATE_LABEL)}",
          "value": labels.get(keys.STATE_LABEL)},
         {"op": "add", "path": "/spec/suspend", "value": False},
@@ -237,28 +230,15 @@ def render(p: Plan, out: TextIO) -> None:
 
 # --- against the cluster ----------------------------------------------------------------------
 
-def _provreq_resource(kube: Kube) -> Resource | None:
-    from raygate.kube.client import provisioning_requests
+def child_resources(kube: Kube) -> dict[ChildKind, Resource]:
+    from raygate.kube import discovery
 
-    for version in keys.PROVREQ_VERSIONS:
-        if kube.served(keys.PROVREQ_GROUP, version):
-            return provisioning_requests(version)
-    return None
-
-
-def child_resources(kube: Kube) -> dict[str, Resource]:
-    from raygate.kube.client import PODGROUPS, PODTEMPLATES
-
-    out: dict[str, Resource] = {"PodTemplate": PODTEMPLATES}
-    if (pr := _provreq_resource(kube)) is not None:
-        out["ProvisioningRequest"] = pr
-    if kube.served(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION):
-        out["PodGroup"] = PODGROUPS
-    return out
+    return discovery.child_resources(kube, discovery.served_provreq_version(kube))
 
 
 def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
-    from raygate.kube.client import LEASES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError
+    from raygate.core.api import LEASES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+    from raygate.kube.client import ApiError
 
     def exists(res: Resource, name: str, namespace: str | None = None) -> JSON | None:
         try:
@@ -282,8 +262,9 @@ def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
         )
 
 
-def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, dict[str, Resource]]:
-    from raygate.kube.client import RAYCLUSTERS, RAYJOBS, ApiError
+def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, dict[ChildKind, Resource]]:
+    from raygate.core.api import RAYCLUSTERS, RAYJOBS
+    from raygate.kube.client import ApiError
 
     kinds = child_resources(kube)
     try:
@@ -299,16 +280,17 @@ def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, d
     return plan(jobs, children, delete=delete), kinds
 
 
-def _delete_children(kube: Kube, kinds: Mapping[str, Resource], children: Sequence[Child], out: TextIO) -> None:
+def _delete_children(kube: Kube, kinds: Mapping[ChildKind, Resource], children: Sequence[Child], out: TextIO) -> None:
     for c in children:
         kube.delete(kinds[c.kind], c.name, c.namespace)
         out.write(f"  deleted {c.kind} {c.namespace}/{c.name}\n")
 
 
-def execute(kube: Kube, p: Plan, kinds: Mapping[str, Resource], out: TextIO) -> int:
+def execute(kube: Kube, p: Plan, kinds: Mapping[ChildKind, Resource], out: TextIO) -> int:
     """Carry out the plan; returns how many jobs could not be handled (each says why)."""
+    from raygate.core.api import RAYCLUSTERS, RAYJOBS
     from raygate.kube import events
-    from raygate.kube.client import JSON_PATCH, RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.kube.client import JSON_PATCH, ApiError
 
     failed = 0
     for i in p.acting:

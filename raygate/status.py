@@ -15,7 +15,8 @@ from raygate.core import keys
 from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
-    from raygate.kube.client import ApiError, Kube, Resource
+    from raygate.core.api import Resource
+    from raygate.kube.client import ApiError, Kube
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 SELECTOR = f"{keys.STATE_LABEL} in ({','.join(SHOWN_STATES)})"
@@ -148,7 +149,8 @@ def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) ->
 
 
 def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -> list[Held]:
-    from raygate.kube.client import RAYCLUSTERS, RAYJOBS, ApiError
+    from raygate.core.api import RAYCLUSTERS, RAYJOBS
+    from raygate.kube.client import ApiError
 
     now = now or dt.datetime.now(dt.UTC)
     rows: list[Held] = []

@@ -1,5 +1,6 @@
-"""Pure builders of the objects the reconciler creates for a job: PodTemplates, the
-ProvisioningRequest and the Volcano PodGroup, with deterministic names and owner references.
+"""Pure builders of the objects the reconciler creates for a job: PodTemplates and the
+ProvisioningRequest, with deterministic names and owner references (a mode's group object is the
+mode's own: raygate.core.modes).
 
 Deterministic names are what makes the reconciler crash-safe: a restarted reconciler computes the
 same name, its create answers AlreadyExists, and nothing is ever created twice.
@@ -16,8 +17,10 @@ from typing import Any
 
 from raygate.core import keys
 from raygate.core import quantity as q
+from raygate.core.keys import ChildKind
+from raygate.core.objects import JSON, controller_ref, get, meta_str
 from raygate.core.policy import NamespacePolicy
-from raygate.core.workload import JSON, PodSet, Workload, get
+from raygate.core.workload import PodSet, Workload, child_metadata
 
 MAX_NAME = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
@@ -100,41 +103,12 @@ def event_name(w: Workload, reason: str, detail: str = "") -> str:
     return f"{_dns(w.name, 200)}.{short_hash(w.kind, w.name, reason, detail, length=10)}"
 
 
-def owner_reference(w: Workload) -> JSON:
-    return {
-        "apiVersion": f"{keys.RAY_GROUP}/{keys.RAY_VERSION}",
-        "kind": w.kind,
-        "name": w.name,
-        "uid": str(get(w.obj, ("metadata", "uid"), "")),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def child_metadata(w: Workload, name: str) -> JSON:
-    return {
-        "name": name,
-        "namespace": w.namespace,
-        "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE},
-        "ownerReferences": [owner_reference(w)],
-    }
-
-
-def controller_uid(obj: Mapping[str, Any]) -> str | None:
-    """The uid of the object's controller (its owning job), if any."""
-    for ref in get(obj, ("metadata", "ownerReferences")) or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return str(ref.get("uid") or "") or None
-    return None
-
-
 def controller_key(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(kind, namespace, name) of a RayJob or RayCluster controlling `obj`."""
-    for ref in get(obj, ("metadata", "ownerReferences")) or []:
-        if (isinstance(ref, Mapping) and ref.get("controller") is True
-                and ref.get("kind") in (keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND)):
-            return str(ref["kind"]), str(get(obj, ("metadata", "namespace"), "")), str(ref.get("name", ""))
-    return None
+    ref = controller_ref(obj)
+    if ref is None or ref.get("kind") not in (keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND):
+        return None
+    return str(ref["kind"]), meta_str(obj, "namespace"), str(ref.get("name", ""))
 
 
 # --- PodTemplates and the ProvisioningRequest --------------------------------------------------
@@ -144,9 +118,10 @@ def _template_of(w: Workload, pod_set: PodSet) -> JSON:
         raise BadInput(f"pod set {pod_set.name} has no pod template to copy")
     template = copy.deepcopy(dict(get(w.obj, pod_set.template_path) or {}))
     # A copy for capacity checking: it must not claim a booking itself.
-    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    annotations = get(template, ("metadata", "annotations"))
     for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
-        annotations.pop(key, None)
+        if isinstance(annotations, dict):
+            annotations.pop(key, None)
     return template
 
 
@@ -184,5 +159,5 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
         spec["parameters"] = params
     meta = child_metadata(w, request_name(w, attempt, pod_sets_fingerprint))
     meta["annotations"] = {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
-    return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": "ProvisioningRequest", "metadata": meta,
-            "spec": spec}
+    return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": ChildKind.PROVISIONING_REQUEST.value,
+            "metadata": meta, "spec": spec}

@@ -17,7 +17,13 @@ from raygate.core import keys
 from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
+    from http.server import ThreadingHTTPServer
+
     from raygate.kube.client import Kube
+    from raygate.kube.configsource import ConfigSource
+    from raygate.reconciler.controller import Controller
+    from raygate.reconciler.housekeeping import Housekeeping
+    from raygate.reconciler.leader import LeaseTiming
 
 log = logging.getLogger("raygate.reconciler")
 
@@ -98,45 +104,86 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
 
 def run(args: argparse.Namespace) -> int:
     from raygate.core import logs
-    from raygate.kube.client import ApiError, Kube
-    from raygate.kube.configsource import ConfigSource
-    from raygate.reconciler import metrics
-    from raygate.reconciler.controller import Controller, Options
-    from raygate.reconciler.housekeeping import Housekeeping
-    from raygate.reconciler.leader import LeaderElector, LeaseTiming
+    from raygate.reconciler.leader import LeaseTiming
 
     try:
         timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     except ValueError as err:
         raise RaygateError(f"--lease-duration/--renew-deadline/--retry-period: {err}") from None
     logs.setup(args.log_level)
+    kube = _connect(args)
+    controller, config = _controller(kube, args)
+    controller.start_informers()
+    housekeeping = _housekeeping(kube, config, args)
+    server = _serve_metrics(kube, controller, args.metrics_port)
+    identity = args.identity or default_identity()
+    log.info("reconciler starting", extra={"identity": identity, "metrics_port": server.server_address[1],
+                                           "provisioning_request_version": controller.provreq_version,
+                                           "group_kinds": sorted(controller.group_kinds)})
+    stop = _stop_on_signals()
+    while not controller.synced() and not stop.wait(0.1):
+        pass
+    config.loaded.wait(30)
+    try:
+        if args.leader_elect:
+            _lead(kube, controller, args.namespace, identity, timing, stop)  # stops the controller
+        else:
+            controller.start_workers()
+            stop.wait()
+            controller.stop()
+    finally:
+        housekeeping.stop()
+        server.shutdown()
+    log.info("reconciler stopped", extra={"identity": identity})
+    return 0
+
+
+def _connect(args: argparse.Namespace) -> Kube:
+    from raygate.kube.client import Kube
+    from raygate.reconciler import metrics
+
     # One connection per worker, plus the watches, Event senders, Lease and housekeeping: a pool that is
     # too small discards connections, and every new one costs the API server a TLS handshake.
     # Twice the workers: a worker creates a job's PodTemplates side by side.
     kube = Kube.connect(args.kubeconfig, user_agent="raygate-reconciler", pool_size=2 * args.workers + 16)
     kube.impersonate = args.impersonate
     kube.observe = metrics.observe_api_request
-    identity = args.identity or default_identity()
+    return kube
+
+
+def _controller(kube: Kube, args: argparse.Namespace) -> tuple[Controller, ConfigSource]:
+    from raygate.kube.client import ApiError
+    from raygate.kube.configsource import ConfigSource
+    from raygate.reconciler.controller import Controller, Options
+
     try:
         config = ConfigSource(kube, args.namespace).start()
-        controller = Controller(kube, config, Options(workers=args.workers, resync_seconds=args.resync_seconds))
+        return Controller(kube, config, Options(workers=args.workers, resync_seconds=args.resync_seconds)), config
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None
-    controller.start_informers()
+
+
+def _housekeeping(kube: Kube, config: ConfigSource, args: argparse.Namespace) -> Housekeeping:
+    from raygate.reconciler.housekeeping import Housekeeping
+
     renewal: CertificateRenewal | None = args.renew_certificates if args.manage_certs else None
-    housekeeping = Housekeeping(
+    return Housekeeping(
         kube, config,
-        renew_certificates=None if renewal is None else (
-            lambda stop: renewal(kube, args.namespace, stop)),
+        renew_certificates=None if renewal is None else (lambda stop: renewal(kube, args.namespace, stop)),
     ).start()
-    server = metrics.serve(args.metrics_port, controller.not_ready)
+
+
+def _serve_metrics(kube: Kube, controller: Controller, port: int) -> ThreadingHTTPServer:
     from prometheus_client import REGISTRY
 
-    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube, controller.queue.waiting))
-    log.info("reconciler starting", extra={"identity": identity, "metrics_port": server.server_address[1],
-                                           "provisioning_request_version": controller.provreq_version,
-                                           "pod_groups": "PodGroup" in controller.child_resources})
+    from raygate.reconciler import metrics
 
+    server = metrics.serve(port, controller.not_ready)
+    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube, controller.queue.waiting))
+    return server
+
+
+def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -144,29 +191,21 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    while not controller.synced() and not stop.wait(0.1):
-        pass
-    config.loaded.wait(30)
+    return stop
 
-    elector: LeaderElector | None = None
-    if args.leader_elect:
-        elector = LeaderElector(kube, args.namespace, keys.LEADER_LEASE, identity, timing)
-        thread = threading.Thread(target=elector.run, args=(controller.start_workers,), name="leader", daemon=True)
-        thread.start()
-        while not stop.wait(0.2):
-            if elector.lost.is_set():
-                break
-    else:
-        controller.start_workers()
-        stop.wait()
-    controller.stop()
-    housekeeping.stop()
-    if elector is not None:
-        elector.stop()
-        if elector.lost.is_set():
-            # Another replica may be acting now: exit so the Deployment restarts us as a clean standby.
-            raise RaygateError("lost the leader lease; exiting so that only one reconciler acts")
-        elector.release()
-    server.shutdown()
-    log.info("reconciler stopped", extra={"identity": identity})
-    return 0
+
+def _lead(kube: Kube, controller: Controller, namespace: str, identity: str, timing: LeaseTiming,
+          stop: threading.Event) -> None:
+    """Work while holding the Lease; return on stop, and raise once the Lease is lost."""
+    from raygate.reconciler.leader import LeaderElector
+
+    elector = LeaderElector(kube, namespace, keys.LEADER_LEASE, identity, timing)
+    threading.Thread(target=elector.run, args=(controller.start_workers,), name="leader", daemon=True).start()
+    while not stop.wait(0.2) and not elector.lost.is_set():
+        pass
+    controller.stop()  # in-flight reconciles finish before the Lease is given up
+    elector.stop()
+    if elector.lost.is_set():
+        # Another replica may be acting now: exit so the Deployment restarts us as a clean standby.
+        raise RaygateError("lost the leader lease; exiting so that only one reconciler acts")
+    elector.release()

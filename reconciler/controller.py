@@ -10,6 +10,7 @@ names, which is why a restart with empty notes is safe.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import queue
@@ -22,32 +23,24 @@ from dataclasses import dataclass
 import orjson
 
 from raygate.core import keys, logs
+from raygate.core.api import RAYCLUSTERS, RAYJOBS, Resource
 from raygate.core.conditions import conditions
-from raygate.core.workload import JSON, Workload, get
-from raygate.kube import events
-from raygate.kube.client import (
-    JSON_PATCH,
-    PODGROUPS,
-    PODTEMPLATES,
-    RAYCLUSTERS,
-    RAYJOBS,
-    VOLCANO_QUEUES,
-    ApiError,
-    Kube,
-    Resource,
-    provisioning_requests,
-)
+from raygate.core.keys import ChildKind
+from raygate.core.modes import Prerequisite, all_group_rules
+from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
+from raygate.core.workload import Workload
+from raygate.kube import discovery, events
+from raygate.kube.client import JSON_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.reconciler import children, decision, metrics
 from raygate.reconciler.decision import Outcome, Step
-from raygate.reconciler.podgroup import QueueState, queue_state
 from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
 JobKey = tuple[str, str, str]  # (kind, namespace, name)
-ChildKey = tuple[str, str, str]  # (child kind, namespace, name)
+ChildKey = tuple[ChildKind, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
 REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
@@ -60,10 +53,6 @@ LIST_PAGE = 100
 class Options:
     workers: int = 64
     resync_seconds: float = 300.0
-
-
-def _meta(obj: JSON, field: str) -> str:
-    return str((obj.get("metadata") or {}).get(field) or "")
 
 
 def slim(obj: JSON) -> JSON:
@@ -93,16 +82,9 @@ def settled(request: JSON) -> bool:
 
 def event_subject(job: JSON) -> JSON:
     """The fields of a job an Event refers to: a queued Event holds these, not the whole job."""
-    meta = job.get("metadata") or {}
+    found = metadata(job)
     return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"),
-            "metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
-
-
-def served_provreq_version(kube: Kube) -> str | None:
-    for version in keys.PROVREQ_VERSIONS:
-        if kube.served(keys.PROVREQ_GROUP, version):
-            return version
-    return None
+            "metadata": {k: found.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
 
 
 class EventSender:
@@ -151,12 +133,10 @@ class Controller:
         self.clock = clock
         self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0),
                                                   on_wait=metrics.QUEUE_WAIT_SECONDS.observe)
-        self.provreq_version = served_provreq_version(kube)
-        self.child_resources: dict[str, Resource] = {"PodTemplate": PODTEMPLATES}
-        if self.provreq_version:
-            self.child_resources["ProvisioningRequest"] = provisioning_requests(self.provreq_version)
-        if kube.served(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION):
-            self.child_resources["PodGroup"] = PODGROUPS
+        self.provreq_version = discovery.served_provreq_version(kube)
+        self.child_resources = discovery.child_resources(kube, self.provreq_version)
+        # The group objects of the modes that have one (Volcano PodGroups), where they are served.
+        self.group_kinds = {ChildKind(r.group_resource.kind) for r in all_group_rules()} & set(self.child_resources)
         rs = self.options.resync_seconds
         # Compact caches: ten thousand held jobs and their children fit in tens of MB, not hundreds.
         self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
@@ -225,18 +205,18 @@ class Controller:
         if parent is None or w.labels.get(keys.STATE_LABEL) != keys.State.ADMITTED:
             return False
         job = self.jobs[keys.RAYJOB_KIND].get(w.namespace, parent[0])
-        return job is not None and _meta(job, "uid") == parent[1]
+        return job is not None and meta_str(job, "uid") == parent[1]
 
     # --- event handlers (informer threads) ---------------------------------------------------------
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
-            self.queue.add((kind, _meta(obj, "namespace"), _meta(obj, "name")))
+            self.queue.add((kind, meta_str(obj, "namespace"), meta_str(obj, "name")))
 
         return handle
 
-    def _child_event(self, kind: str) -> Callable[[str, JSON], None]:
+    def _child_event(self, kind: ChildKind) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
-            ck: ChildKey = (kind, _meta(obj, "namespace"), _meta(obj, "name"))
+            ck: ChildKey = (kind, meta_str(obj, "namespace"), meta_str(obj, "name"))
             owner = children.controller_key(obj)
             with self._lock:
                 if event == "DELETED":
@@ -248,7 +228,7 @@ class Controller:
                     if owner:
                         self._owned.setdefault(owner, set()).add(ck)
             if owner:
-                self.queue.add(owner, urgent=kind == "ProvisioningRequest" and settled(obj))
+                self.queue.add(owner, urgent=kind == ChildKind.PROVISIONING_REQUEST and settled(obj))
 
         return handle
 
@@ -258,15 +238,13 @@ class Controller:
         obj = self.jobs[kind].get(ns, name)
         with self._lock:
             fresh = self._fresh.pop(key, None)
-            if obj is not None and fresh is not None and _meta(obj, "resourceVersion") == fresh[0]:
+            if obj is not None and fresh is not None and meta_str(obj, "resourceVersion") == fresh[0]:
                 self._fresh[key] = fresh
                 obj = orjson.loads(fresh[1])  # the cache still holds the version our own patch replaced
-        if obj is not None and "kind" not in obj:
-            obj = {**obj, "kind": kind, "apiVersion": JOB_KINDS[kind].api_version}
-        return obj
+        return _typed(obj, kind) if obj is not None else None
 
-    def _children_of(self, key: JobKey) -> dict[str, list[JSON]]:
-        out: dict[str, list[JSON]] = {k: [] for k in self.child_resources}
+    def _children_of(self, key: JobKey) -> dict[ChildKind, list[JSON]]:
+        out: dict[ChildKind, list[JSON]] = {k: [] for k in self.child_resources}
         with self._lock:
             owned = set(self._owned.get(key, set())) - self._gone
             created = [(ck, o) for ck, o in self._created.items() if children.controller_key(o) == key]
@@ -304,22 +282,24 @@ class Controller:
             return
         if key[0] == keys.RAYCLUSTER_KIND and self.kuberay_child(obj):
             return  # KubeRay's cluster of an admitted RayJob carries its labels; the RayJob is what we hold
-        uid = _meta(obj, "uid")
-        mine = {k: [c for c in v if children.controller_uid(c) == uid] for k, v in kids.items()}
-        strays = {k: [c for c in v if children.controller_uid(c) != uid] for k, v in kids.items()}
+        uid = meta_str(obj, "uid")
+        mine = {k: [c for c in v if controller_uid(c) == uid] for k, v in kids.items()}
+        strays = {k: [c for c in v if controller_uid(c) != uid] for k, v in kids.items()}
         self._delete_orphans(strays)  # children of an earlier job of the same name
         self._reconcile_job(key, obj, mine, retry_conflict=True)
 
-    def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[str, list[JSON]], *, retry_conflict: bool) -> None:
+    def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
+                       retry_conflict: bool) -> None:
         w = Workload(obj)
         policy = self.config.config.policy_for(w.namespace)
         obs = decision.Observed(
-            requests=tuple(kids.get("ProvisioningRequest", ())), templates=tuple(kids.get("PodTemplate", ())),
-            pod_groups=tuple(kids.get("PodGroup", ())),
+            requests=tuple(kids.get(ChildKind.PROVISIONING_REQUEST, ())),
+            templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
+            groups=tuple(g for kind in self.group_kinds for g in kids.get(kind, ())),
         )
-        queue = decision.queue_to_check(w, policy, obs)
-        if queue is not None:
-            obs = decision.Observed(obs.requests, obs.templates, obs.pod_groups, self._queue_state(queue))
+        prerequisite = decision.prerequisite_to_check(w, policy, obs)
+        if prerequisite is not None:
+            obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
         now = self.clock()
         plan = decision.decide(w, obs, policy, now, self.provreq_version)
         try:
@@ -332,22 +312,20 @@ class Controller:
             if not (retry_conflict and _is_conflict(err)):
                 raise
             # Our view was stale: decide again on the job as the API server has it now.
-            fresh = self.kube.get(JOB_KINDS[key[0]], key[2], key[1])
-            fresh.setdefault("kind", key[0])
-            fresh.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
+            fresh = _typed(self.kube.get(JOB_KINDS[key[0]], key[2], key[1]), key[0])
             self._reconcile_job(key, fresh, kids, retry_conflict=False)
             return
         if plan.requeue_after is not None:
             self.queue.add_after(key, plan.requeue_after + REQUEUE_SLACK)
 
-    def _queue_state(self, name: str) -> QueueState:
-        if "PodGroup" not in self.child_resources:
-            return QueueState(name, None)
+    def _read(self, prerequisite: Prerequisite) -> JSON | None:
+        """The object a group needs before it is created, or None when it does not exist (404 also when
+        its API is not served: the decision then holds the job with the reason)."""
         try:
-            return queue_state(name, self.kube.get(VOLCANO_QUEUES, name))
+            return self.kube.get(prerequisite.resource, prerequisite.name)
         except ApiError as err:
             if err.not_found:
-                return queue_state(name, None)
+                return None
             raise
 
     def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
@@ -364,7 +342,7 @@ class Controller:
             elif isinstance(action, decision.Create):
                 if not self._create(action):
                     continue
-                if action.kind == "ProvisioningRequest":
+                if action.kind == ChildKind.PROVISIONING_REQUEST:
                     metrics.REQUESTS_CREATED.inc()
                     if plan.outcome is Outcome.RETRIED:
                         metrics.REQUESTS_RETRIED.inc()
@@ -373,11 +351,9 @@ class Controller:
             elif isinstance(action, decision.PatchJob):
                 if not action.changes:
                     continue
-                old_rv = _meta(job, "resourceVersion")
-                job = slim(self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1],
-                                           content_type=JSON_PATCH))
-                job.setdefault("kind", key[0])
-                job.setdefault("apiVersion", JOB_KINDS[key[0]].api_version)
+                old_rv = meta_str(job, "resourceVersion")
+                job = _typed(slim(self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1],
+                                                  content_type=JSON_PATCH)), key[0])
                 with self._lock:
                     self._fresh[key] = (old_rv, orjson.dumps(job))
                 self._count_step(action.step, w, now)
@@ -426,17 +402,17 @@ class Controller:
             if self.children[action.kind].get(namespace, action.name) is not None:
                 self._gone.add(ck)
 
-    def _delete_orphans(self, kids: dict[str, list[JSON]]) -> None:
+    def _delete_orphans(self, kids: dict[ChildKind, list[JSON]]) -> None:
         for kind, objs in kids.items():
             for obj in objs:
-                self._delete(_meta(obj, "namespace"), decision.Delete(kind, _meta(obj, "name")))
+                self._delete(meta_str(obj, "namespace"), decision.Delete(kind, meta_str(obj, "name")))
 
 
 def _with_templates_grouped(actions: Iterable[decision.Action]) -> Iterator[decision.Action | list[decision.Create]]:
     """The actions in order, except that two or more adjacent PodTemplate creates come as one list."""
     run: list[decision.Create] = []
     for action in actions:
-        if isinstance(action, decision.Create) and action.kind == "PodTemplate":
+        if isinstance(action, decision.Create) and action.kind == ChildKind.POD_TEMPLATE:
             run.append(action)
             continue
         yield from _flush(run)
@@ -450,6 +426,11 @@ def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decisi
         yield run
     else:
         yield from run
+
+
+def _typed(obj: JSON, kind: str) -> JSON:
+    """A job with kind and apiVersion: cached list items and patch answers may come without them."""
+    return with_kind(obj, kind, JOB_KINDS[kind].api_version)
 
 
 class RefusedChild(Exception):

@@ -17,18 +17,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from raygate.core import keys
+from raygate.core import booking, keys
 from raygate.core.conditions import Condition, conditions
-from raygate.core.modes import provisioning, rules_for
-from raygate.core.modes.volcano import PodGroupSpec
+from raygate.core.keys import ChildKind
+from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
+from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
-from raygate.core.workload import JSON, ManifestError, PodSet, Workload, get
-from raygate.reconciler import children, podgroup
+from raygate.core.workload import ManifestError, PodSet, Workload
+from raygate.reconciler import children
 from raygate.reconciler.children import BadInput
-from raygate.reconciler.podgroup import QueueState
 
-QUEUE_RECHECK_SECONDS = 10.0
+PREREQUISITE_RECHECK_SECONDS = 10.0
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
 GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
 
@@ -39,8 +39,8 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
            provreq_version: str | None = keys.PROVREQ_VERSIONS[0]) -> Plan:
     """`provreq_version`: the ProvisioningRequest API version served (None: not installed)."""
     mode = policy.recorded_mode(w.annotations)
-    if not rules_for(mode).HOLDS:
-        return Plan(outcome=Outcome.NOT_HELD)  # another system admits (Kueue owns suspend in kueue mode)
+    if not rules_for(mode).holds:
+        return Plan(outcome=Outcome.NOT_HELD)  # another system admits it and owns spec.suspend
     # A held job finishes under the mode it was held with, whatever the namespace changed to since.
     policy = policy.for_mode(mode)
     state = w.labels.get(keys.STATE_LABEL)
@@ -50,7 +50,8 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
                     event_reason="RejectedByKubeRay", restartable=False)
     if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
         actions = _delete_all(obs)
-        actions += [Delete("PodGroup", _name(g)) for g in obs.pod_groups]
+        if (rules := group_rules(mode)) is not None:
+            actions += [Delete(ChildKind(rules.group_resource.kind), _name(g)) for g in obs.groups]
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FINISHED)
     if state == keys.State.PENDING:
         return _pending(w, obs, policy, now, provreq_version)
@@ -90,15 +91,15 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
     return Plan([*actions, *_delete_all(obs)], outcome=Outcome.FAILED)
 
 
-def queue_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> str | None:
-    """The Volcano queue to look up before deciding (the controller reads it), or None."""
-    if w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.pod_groups:
+def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
+    """What the controller must read before deciding (a mode's group still to create may need it), or None."""
+    rules = group_rules(policy.recorded_mode(w.annotations))
+    if rules is None or w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.groups:
         return None
     try:
-        group = rules_for(policy.recorded_mode(w.annotations)).pod_group(w)
+        return rules.prerequisite(rules.recorded(w))
     except ManifestError:
         return None
-    return group.queue if group is not None else None
 
 
 # --- the plan it returns ------------------------------------------------------------------------
@@ -123,7 +124,7 @@ class Outcome(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     UNKNOWN_STATE = "unknown-state"
-    QUEUE_CLOSED = "queue-closed"
+    PREREQUISITE_MISSING = "prerequisite-missing"  # a group's prerequisite (Volcano: an Open queue) is not met
     REQUESTED = "requested"
     REPLACED = "replaced"  # the pod sets changed: a new request in the same attempt
     WAITING = "waiting"
@@ -133,18 +134,18 @@ class Outcome(StrEnum):
     ADMITTED = "admitted"
     REVOKED_REPORTED = "revoked-reported"
     REQUEUED = "requeued"
-    POD_GROUP_REWRITTEN = "pod-group-rewritten"  # volcano: another writer changed raygate's PodGroup
+    GROUP_REWRITTEN = "group-rewritten"  # another writer changed the group object raygate made (Volcano)
 
 
 @dataclass(frozen=True)
 class Create:
-    kind: str  # PodTemplate, ProvisioningRequest, PodGroup
+    kind: ChildKind
     obj: JSON
 
 
 @dataclass(frozen=True)
 class Delete:
-    kind: str
+    kind: ChildKind
     name: str
 
 
@@ -186,8 +187,8 @@ class Plan:
 class Observed:
     requests: tuple[JSON, ...] = ()  # ProvisioningRequests this job controls
     templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
-    pod_groups: tuple[JSON, ...] = ()  # PodGroups raygate created for this job
-    queue: QueueState | None = None  # volcano mode, PodGroup still to create: its queue
+    groups: tuple[JSON, ...] = ()  # group objects (Volcano PodGroups) raygate created for this job
+    prerequisite: JSON | None = None  # a group still to create: its prerequisite as read (None: missing)
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if _name(r) == name), None)
@@ -198,13 +199,14 @@ class Observed:
 
 @dataclass(frozen=True)
 class Needs:
-    """What one held job needs: the pod sets that go into a request, and the PodGroup (volcano).
+    """What one held job needs: the pod sets that go into a request, and its mode's group object.
 
     (Not workload.Gang, the whole gang of a job: these are the parts of it raygate books.)"""
 
     managed: tuple[PodSet, ...]
     provision: bool
-    pod_group: PodGroupSpec | None
+    group: GroupSpec | None
+    group_rules: GroupRules | None = None
     fingerprint: str = ""  # of the managed pod sets: what a request for them books
 
     def request_name(self, w: Workload, attempt: int) -> str:
@@ -217,17 +219,18 @@ def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
         managed = tuple(w.gang().managed_pod_sets(policy.managed_resources))
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
+    rules = group_rules(policy.mode)
     try:
-        group = rules_for(policy.mode).pod_group(w)
+        group = rules.recorded(w) if rules is not None else None
     except ManifestError as err:
         raise BadInput(str(err)) from None
-    if policy.provisions and (too_many := provisioning.too_many_pod_sets(managed, policy)):
+    if policy.provisions and (too_many := booking.too_many_pod_sets(managed, policy)):
         raise BadInput(too_many)
     try:
         fingerprint = children.fingerprint(w, managed)
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
-    return Needs(managed, policy.provisions and bool(managed), group, fingerprint)
+    return Needs(managed, policy.provisions and bool(managed), group, rules, fingerprint)
 
 
 # --- one function per state ---------------------------------------------------------------------
@@ -238,14 +241,15 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
         attempt = _pending_attempt(w)
         name = needs.request_name(w, attempt)
         plan = Plan(_delete_requests(obs, keep=name if needs.provision else None))
-        if needs.pod_group is not None and not obs.pod_groups:
-            queue = obs.queue or QueueState(needs.pod_group.queue, None)
-            if not queue.open:
-                _hold(w, queue.why_closed(), "QueueNotOpen", plan, f"{queue.name}/{queue.state}")
-                plan.requeue(min(QUEUE_RECHECK_SECONDS, policy.retry.base_seconds))
-                plan.outcome = Outcome.QUEUE_CLOSED
+        if needs.group is not None and needs.group_rules is not None and not obs.groups:
+            rules = needs.group_rules
+            problem = rules.prerequisite_problem(needs.group, obs.prerequisite)
+            if problem is not None:
+                _hold(w, problem, rules.prerequisite_reason, plan, problem)
+                plan.requeue(min(PREREQUISITE_RECHECK_SECONDS, policy.retry.base_seconds))
+                plan.outcome = Outcome.PREREQUISITE_MISSING
                 return plan
-            plan.actions.append(Create("PodGroup", podgroup.pod_group(w, needs.pod_group)))
+            plan.actions.append(Create(ChildKind(rules.group_resource.kind), rules.group_object(w, needs.group)))
         if not needs.provision:
             return _admit(w, plan, None, policy, needs, now)
         plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
@@ -293,12 +297,12 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: 
         t = children.pod_template(w, p)
         wanted.add(_name(t))
         if _name(t) not in have:
-            actions.append(Create("PodTemplate", t))
+            actions.append(Create(ChildKind.POD_TEMPLATE, t))
     # Templates of pod sets as they were before an edit: no request needs them any more.
-    actions += [Delete("PodTemplate", name) for name in sorted(have - wanted)]
+    actions += [Delete(ChildKind.POD_TEMPLATE, name) for name in sorted(have - wanted)]
     pr = children.provisioning_request(w, list(needs.managed), policy, attempt, version, needs.fingerprint)
     if obs.request(_name(pr)) is None:
-        actions.append(Create("ProvisioningRequest", pr))
+        actions.append(Create(ChildKind.PROVISIONING_REQUEST, pr))
     return actions
 
 
@@ -315,12 +319,9 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     generation = get(w.obj, GENERATION_PATH)
     if generation is not None:
         b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
-    if needs.pod_group is not None:
-        # Written here rather than by the webhook for a job created with generateName (its name, and so
-        # its PodGroup's, did not exist yet); for any other job it is already in place and adds nothing.
+    if needs.group is not None and needs.group_rules is not None:
         # In the patch that unsuspends: no pod of the job can ever be created without it.
-        for _, path in w.template_paths():
-            b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), needs.pod_group.name)
+        needs.group_rules.admit(b, w, needs.group)
     if request is not None:
         for p in needs.managed:
             if p.template_path is None:
@@ -334,8 +335,8 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     if request is not None:
         why = f"ProvisioningRequest {request} is Provisioned"
-    elif needs.pod_group is not None:
-        why = f"PodGroup {needs.pod_group.name} in Volcano queue {needs.pod_group.queue} gang-schedules the pods"
+    elif needs.group is not None and needs.group_rules is not None:
+        why = needs.group_rules.schedules(needs.group)
     elif needs.managed:
         why = "ProvisioningRequests are disabled for this namespace"
     else:
@@ -440,33 +441,29 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
     return plan
 
 
-def _pod_group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Plan | None:
-    """volcano mode: someone else rewrote the PodGroup raygate made for this job (KubeRay's own Volcano
-    integration does, to its own counts): stop the job rather than let Volcano schedule another gang
-    than the one admitted, and delete the group, so that a new start makes it afresh."""
+def _group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Plan | None:
+    """Someone else rewrote the group object raygate made for this job (KubeRay's own Volcano integration
+    does, to its own counts): stop the job rather than let the scheduler run another gang than the one
+    admitted, and delete the group, so that a new start makes it afresh."""
+    rules = group_rules(policy.mode)
+    if rules is None:
+        return None
     try:
-        spec = rules_for(policy.mode).pod_group(w)
+        spec = rules.recorded(w)
     except ManifestError:
         return None
-    group = next((g for g in obs.pod_groups if spec is not None and _name(g) == spec.name), None)
-    if spec is None or group is None:
-        return None
-    changes = podgroup.drift(spec.spec, get(group, ("spec",)) or {})
+    group = next((g for g in obs.groups if _name(g) == spec.name), None)
+    changes = rules.drift(spec, group) if group is not None else []
     if not changes:
         return None
-    message = (f"PodGroup {spec.name} was rewritten by another writer ({'; '.join(changes)}). KubeRay's own "
-               "Volcano integration (operator flag --batch-scheduler=volcano) updates every PodGroup named "
-               "ray-<name>-pg to its own counts, so Volcano would no longer schedule the gang raygate admitted; "
-               "raygate suspended the job. Where raygate's volcano mode is used, run the KubeRay operator "
-               "without --batch-scheduler (raygate creates the PodGroup), or use provisioning mode")
-    plan = fail(w, obs, message, event_reason="PodGroupRewritten", suspend=True)
-    plan.actions.append(Delete("PodGroup", spec.name))
-    plan.outcome = Outcome.POD_GROUP_REWRITTEN
+    plan = fail(w, obs, rules.rewritten(spec, changes), event_reason=rules.rewritten_reason, suspend=True)
+    plan.actions.append(Delete(ChildKind(rules.group_resource.kind), spec.name))
+    plan.outcome = Outcome.GROUP_REWRITTEN
     return plan
 
 
 def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime) -> Plan:
-    if (rewritten := _pod_group_rewritten(w, obs, policy)) is not None:
+    if (rewritten := _group_rewritten(w, obs, policy)) is not None:
         return rewritten
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     plan = Plan(_delete_requests(obs, keep=name), outcome=Outcome.ADMITTED)
@@ -570,17 +567,17 @@ def _patch(b: PatchBuilder, step: Step) -> PatchJob:
 
 
 def _delete_requests(obs: Observed, keep: str | None = None) -> list[Action]:
-    return [Delete("ProvisioningRequest", _name(r)) for r in obs.requests if _name(r) != keep]
+    return [Delete(ChildKind.PROVISIONING_REQUEST, _name(r)) for r in obs.requests if _name(r) != keep]
 
 
 def _delete_all(obs: Observed) -> list[Action]:
     out = _delete_requests(obs)
-    out += [Delete("PodTemplate", _name(t)) for t in obs.templates]
+    out += [Delete(ChildKind.POD_TEMPLATE, _name(t)) for t in obs.templates]
     return out
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    return str(get(obj, ("metadata", "name"), ""))
+    return meta_str(obj, "name")
 
 
 def _annotation(key: str) -> tuple[str, ...]:

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from raygate.core import keys
-from raygate.kube.client import JSON_PATCH, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS, ApiError, Kube
+from raygate.core.api import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+from raygate.core.objects import meta_str
+from raygate.kube.client import JSON_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 
 log = logging.getLogger("raygate.housekeeping")
@@ -41,7 +43,7 @@ def failure_policy_patch(config: dict[str, Any], wanted: str) -> list[dict[str, 
     ]
     if not ops:
         return []
-    rv = (config.get("metadata") or {}).get("resourceVersion")
+    rv = meta_str(config, "resourceVersion") or None
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": rv}, *ops]
 
 

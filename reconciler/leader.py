@@ -16,8 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate.core.workload import JSON
-from raygate.kube.client import LEASES, ApiError, Kube
+from raygate.core.api import LEASES
+from raygate.core.objects import JSON
+from raygate.kube.client import ApiError, Kube
 
 log = logging.getLogger("raygate.leader")
 

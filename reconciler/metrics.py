@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from raygate.core import keys
-from raygate.core.workload import JSON
+from raygate.core.objects import JSON, labels
 from raygate.kube.client import Kube
 
 log = logging.getLogger("raygate.reconciler")
@@ -67,7 +67,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         counts: Tally[str] = Tally()
         for obj in self._jobs():
-            counts[str(((obj.get("metadata") or {}).get("labels") or {}).get(keys.STATE_LABEL, ""))] += 1
+            counts[labels(obj).get(keys.STATE_LABEL, "")] += 1
         g = GaugeMetricFamily("raygate_reconciler_jobs", "Ray jobs and clusters by raygate state.", labels=["state"])
         for state in keys.State:
             g.add_metric([state.value], counts.get(state.value, 0))

@@ -12,10 +12,11 @@ from decimal import Decimal
 
 from raygate.core import keys
 from raygate.core import quantity as q
-from raygate.core.modes import rules_for
+from raygate.core.modes import Mode, recorded_mode, rules_for
+from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
-from raygate.core.policy import Mode, NamespacePolicy, RaygateConfig
-from raygate.core.workload import Gang, ManifestError, Workload, get
+from raygate.core.policy import NamespacePolicy, RaygateConfig
+from raygate.core.workload import Gang, ManifestError, Workload
 from raygate.webhook import guard
 from raygate.webhook.review import AdmissionRequest, username
 
@@ -43,7 +44,7 @@ def refuse(message: str, *, code: int = 422, mode: Mode | None = None) -> Decisi
 
 
 def _kuberay_child(w: Workload, user: str, config: RaygateConfig) -> bool:
-    """KubeRay's own cluster for a RayJob that raygate admitted (or that Kueue owns): leave it alone.
+    """KubeRay's own cluster for a RayJob that raygate admitted (or that another system admits): leave it alone.
 
     Decided by who asks, not by what the object claims: anyone may write an ownerReference or a
     label. Only the KubeRay operator creates a RayJob's cluster, and it copies the job's labels and
@@ -52,8 +53,8 @@ def _kuberay_child(w: Workload, user: str, config: RaygateConfig) -> bool:
     """
     if w.rayjob_parent() is None or user not in config.ray_operator_users:
         return False
-    return (w.labels.get(keys.STATE_LABEL) == keys.State.ADMITTED
-            or w.annotations.get(keys.MODE_ANNOTATION) == Mode.KUEUE.value)
+    mode = recorded_mode(w.annotations)
+    return w.labels.get(keys.STATE_LABEL) == keys.State.ADMITTED or (mode is not None and not rules_for(mode).holds)
 
 
 def _skip_reason(w: Workload, user: str, config: RaygateConfig) -> str | None:
@@ -209,21 +210,6 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Dec
 
 # --- the validating guard -------------------------------------------------------------------------
 
-def _not_suspended_for_kueue(w: Workload, namespace: str) -> str:
-    """Validation runs after every mutating webhook: an unsuspended object here would start at once.
-
-    Kueue suspends a job carrying its queue label in its own mutating webhook, but the API server
-    calls webhook configurations in name order, so Kueue's runs before raygate adds the label, and
-    sees it only if it is re-invoked (its reinvocationPolicy, Never in Kueue's default install)."""
-    return (
-        f"{w.kind} {w.name} would start at once: namespace {namespace} is in kueue mode, but nothing "
-        "suspended it for Kueue to admit. Create it with `spec.suspend: true` (Kueue unsuspends it once "
-        "admitted). Cluster admins: set reinvocationPolicy: IfNeeded on Kueue's mutating webhooks "
-        "(Helm value mutatingWebhook.reinvocationPolicy), and check that Kueue manages "
-        f"{w.kind.lower()}s (integrations.frameworks)"
-    )
-
-
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
     try:
@@ -243,9 +229,12 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
         decision = _admit(w, namespace, config, user)
         if not decision.allowed:
             return decision
-        if decision.mode is Mode.KUEUE and not w.suspended:
-            return refuse(_not_suspended_for_kueue(w, namespace), mode=Mode.KUEUE)
-        if decision.mode is not None and rules_for(decision.mode).HOLDS and decision.patch:
+        if decision.mode is None:
+            return allow("valid")
+        rules = rules_for(decision.mode)
+        if (problem := rules.stored_problem(w, namespace)) is not None:
+            return refuse(problem, mode=decision.mode)
+        if rules.holds and decision.patch:
             return refuse(_not_held(w, namespace, decision.patch), mode=decision.mode)
         return allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
@@ -254,10 +243,10 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
         return allow("trusted")
     old = Workload(request["oldObject"])  # type: ignore[arg-type]
     policy = config.policy_for(namespace)
-    mode = policy.recorded_mode(old.annotations)
-    if mode is Mode.KUEUE:
-        return allow("kueue-owned")  # Kueue admits here, and its own webhook guards admitted jobs
-    changes = guard.forbidden_changes(old, w, mode, policy.managed_resources)
+    rules = rules_for(policy.recorded_mode(old.annotations))
+    if not rules.holds:
+        return allow("admitted-elsewhere")  # the system that admits here (Kueue) guards its own jobs
+    changes = guard.forbidden_changes(old, w, rules, policy.managed_resources)
     if not changes:
         return allow("valid")
     return refuse(guard.refusal(w, old, namespace, changes), code=403)

@@ -15,14 +15,14 @@ from typing import Any
 
 from raygate.core import keys
 from raygate.core import quantity as q
-from raygate.core.policy import Mode
-from raygate.core.workload import ManifestError, Workload, get
+from raygate.core.modes import ModeRules, decided_labels, template_annotations
+from raygate.core.objects import get
+from raygate.core.workload import ManifestError, Workload
 
-# The queue labels raygate decides on; a user may not pick their own queue past it.
-QUEUE_LABELS = frozenset({keys.KUEUE_QUEUE_LABEL, keys.KUEUE_PRIORITY_LABEL, keys.VOLCANO_QUEUE_LABEL,
-                          keys.RAY_PRIORITY_CLASS_LABEL})
-SCHEDULING_ANNOTATIONS = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION,
-                          keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
+# The queue labels raygate decides on, in any mode; a user may not pick their own queue past it.
+QUEUE_LABELS = decided_labels()
+# What raygate writes into pod templates (scheduler metadata, the booking its pods consume).
+SCHEDULING_ANNOTATIONS = template_annotations()
 # The one edit of raygate's record a user may make: start a failed job over.
 RETRY = (keys.State.FAILED.value, keys.State.PENDING.value)
 
@@ -86,7 +86,7 @@ def growth(old: Workload, new: Workload, managed: list[str]) -> list[str]:
     return out
 
 
-def forbidden_changes(old: Workload, new: Workload, mode: Mode, managed: list[str]) -> list[str]:
+def forbidden_changes(old: Workload, new: Workload, mode: ModeRules, managed: list[str]) -> list[str]:
     """What this update would do that an untrusted user may not, each phrased after "You may not"."""
     state = old.labels.get(keys.STATE_LABEL)
     changed = []
@@ -103,9 +103,7 @@ def forbidden_changes(old: Workload, new: Workload, mode: Mode, managed: list[st
         if _scheduling_metadata(old) != _scheduling_metadata(new):
             changed.append("change the scheduling metadata of its pod templates")
         if state in keys.HELD_STATES:
-            if mode is Mode.VOLCANO and old.gang() != new.gang():
-                # Its PodGroup spec and every template's Volcano metadata were fixed at creation.
-                changed.append("change its pod sets in volcano mode")
+            changed += mode.held_changes(old, new)
         elif state != keys.State.FAILED:  # admitted, or never held: nothing may outgrow what runs now
             changed += growth(old, new, managed)
     except ManifestError as err:

@@ -7,8 +7,10 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from raygate.core.api import NAMESPACES
+from raygate.core.objects import labels
 from raygate.core.policy import RaygateConfig
-from raygate.kube.client import NAMESPACES, Kube
+from raygate.kube.client import Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.webhook import metrics
@@ -32,7 +34,7 @@ class WebhookState:
         obj = self.namespaces.get("", namespace)
         if obj is None:
             return None
-        return dict((obj.get("metadata") or {}).get("labels") or {})
+        return labels(obj)
 
     def not_ready(self) -> list[str]:
         """What is still missing before this worker may serve; empty when ready."""

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raygate.core.workload import get
+from raygate.core.objects import get
 
 
 @dataclass(frozen=True)

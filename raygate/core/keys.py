@@ -29,6 +29,15 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "raygate"
 
 
+class ChildKind(StrEnum):
+    """The kinds of object the reconciler creates for a job (owned by it, labelled managed-by raygate), in
+    the order they are deleted: a request before the templates it names."""
+
+    PROVISIONING_REQUEST = "ProvisioningRequest"
+    POD_TEMPLATE = "PodTemplate"
+    POD_GROUP = "PodGroup"  # Volcano's
+
+
 class State(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"
@@ -78,8 +87,6 @@ PROVREQ_PLURAL = "provisioningrequests"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 CLASS_ANNOTATION = "autoscaling.x-k8s.io/provisioning-class-name"
 CHECK_CAPACITY_CLASS = "check-capacity.autoscaling.x-k8s.io"
-BEST_EFFORT_ATOMIC_CLASS = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
-GKE_QUEUED_CLASS = "queued-provisioning.gke.io"
 PROVREQ_MAX_POD_SETS = 32
 PROVREQ_MAX_PARAM_LEN = 255
 
@@ -95,4 +102,3 @@ VALIDATING_WEBHOOK_CONFIG = "raygate-validating"
 WEBHOOK_SERVICE_ACCOUNT = "raygate-webhook"
 RECONCILER_SERVICE_ACCOUNT = "raygate-reconciler"
 LEADER_LEASE = "raygate-reconciler"
-FIELD_MANAGER = "raygate"

@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from raygate.core.objects import meta_str
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -74,6 +76,4 @@ def setup(level: str = "info") -> None:
 
 def ref(obj: dict[str, Any]) -> dict[str, str]:
     """The fields that name an object in a log line ("object", since a LogRecord owns "name")."""
-    meta = obj.get("metadata") or {}
-    return {"kind": str(obj.get("kind", "")), "namespace": str(meta.get("namespace", "")),
-            "object": str(meta.get("name", ""))}
+    return {"kind": str(obj.get("kind", "")), "namespace": meta_str(obj, "namespace"), "object": meta_str(obj, "name")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from raygate.core.workload import Path, get
+from raygate.core.objects import Path, get
 
 PatchOp = dict[str, Any]
 

@@ -17,17 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from raygate.core import keys, quantity
+from raygate.core.modes import Mode, recorded_mode, rules_for
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
 # KubeRay's own install (its kustomize default and Helm chart) runs the operator as this account.
 KUBERAY_OPERATOR_USER = "system:serviceaccount:ray-system:kuberay-operator"
 _GROUPS = frozenset({"system:authenticated", "system:unauthenticated", "system:masters"})
-
-
-class Mode(StrEnum):
-    PROVISIONING = "provisioning"
-    VOLCANO = "volcano"
-    KUEUE = "kueue"
 
 
 class CapacityRevokedAction(StrEnum):
@@ -114,21 +109,16 @@ class NamespacePolicy(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _kueue_owns_provisioning(self) -> NamespacePolicy:
-        if self.mode is Mode.KUEUE and self.provisioning.enabled:
-            raise ValueError(
-                "kueue mode cannot use raygate's own ProvisioningRequests (provisioning.enabled: true); "
-                "configure Kueue's ProvisioningRequest admission check instead"
-            )
+    def _fits_its_mode(self) -> NamespacePolicy:
+        problems = rules_for(self.mode).config_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def recorded_mode(self, annotations: Mapping[str, str]) -> Mode:
         """The mode the webhook applied to an object (the namespace may have changed mode since);
         this namespace's mode for an object the webhook never saw."""
-        try:
-            return Mode(annotations.get(keys.MODE_ANNOTATION) or self.mode)
-        except ValueError:
-            return self.mode
+        return recorded_mode(annotations) or self.mode
 
     def for_mode(self, mode: Mode) -> NamespacePolicy:
         """This policy as it applies to an object held under `mode`: a held job finishes under the mode it
@@ -143,12 +133,7 @@ class NamespacePolicy(_Strict):
     def provisions(self) -> bool:
         if self.provisioning.enabled is not None:
             return self.provisioning.enabled
-        return self.mode is Mode.PROVISIONING
-
-    @property
-    def holds(self) -> bool:
-        """raygate suspends and unsuspends the job itself (everything but kueue mode)."""
-        return self.mode is not Mode.KUEUE
+        return rules_for(self.mode).provisions_by_default
 
     def max_gang_quantities(self) -> quantity.Resources:
         return {k: quantity.parse(v) for k, v in (self.max_gang or {}).items()}

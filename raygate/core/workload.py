@@ -14,9 +14,8 @@ from typing import Any
 
 from raygate.core import keys
 from raygate.core import quantity as q
+from raygate.core.objects import JSON, Path, get
 
-JSON = dict[str, Any]  # a Kubernetes object as the API server sends it
-Path = tuple[str | int, ...]
 Obj = Mapping[str, Any]
 
 
@@ -96,21 +95,6 @@ class Gang:
 
 
 # --- reading fields -------------------------------------------------------------------------------
-
-def get(obj: Any, path: Path, default: Any = None) -> Any:
-    cur = obj
-    for part in path:
-        if type(cur) is dict and type(part) is str:  # the common case, without the slower ABC check below
-            if part not in cur:
-                return default
-        elif isinstance(part, int):
-            if not isinstance(cur, list) or part >= len(cur):
-                return default
-        elif not isinstance(cur, Mapping) or part not in cur:
-            return default
-        cur = cur[part]
-    return cur
-
 
 def _where(path: Path) -> str:
     return ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in path).replace(".[", "[")
@@ -377,6 +361,28 @@ class Workload:
                     and str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/")):
                 return str(ref.get("name") or ""), str(ref.get("uid") or "")
         return None
+
+
+def owner_reference(w: Workload) -> JSON:
+    """The controller reference raygate's children carry to their job (garbage collected with it)."""
+    return {
+        "apiVersion": f"{keys.RAY_GROUP}/{keys.RAY_VERSION}",
+        "kind": w.kind,
+        "name": w.name,
+        "uid": str(get(w.obj, ("metadata", "uid"), "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_metadata(w: Workload, name: str) -> JSON:
+    """Metadata of an object raygate creates for a job: owned by it, labelled so raygate's watches see it."""
+    return {
+        "name": name,
+        "namespace": w.namespace,
+        "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE},
+        "ownerReferences": [owner_reference(w)],
+    }
 
 
 KUBERAY_VALIDATION_FAILED = "ValidationFailed"

@@ -32,8 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="also run kube-scheduler, KWOK and cluster-autoscaler (kwok provider, ProvisioningRequests "
                          "on) with CPU nodes and a GPU node group that starts at zero")
     up.add_argument("--volcano", action="store_true",
-                    help="also run the Volcano scheduler and controller-manager (queues, PodGroups) and the Job "
-                         "controller; implies --capacity (Volcano binds pods to its KWOK nodes)")
+                    help="also run the Volcano scheduler and controller-manager (queues, PodGroups); implies "
+                         "--capacity (Volcano binds pods to its KWOK nodes)")
     up.add_argument("--gpu-nodes-max", type=int, default=None, metavar="N",
                     help="largest size of the GPU node group (default: 4 nodes of 4 GPUs)")
     up.add_argument("--fresh", action="store_true",

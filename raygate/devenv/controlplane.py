@@ -31,10 +31,18 @@ from raygate.devenv.build import Bundle
 SERVICE_CIDR = "10.96.0.0/16"
 STATE_FILE = "state.json"
 ADMIN_USER = "raygate-dev-admin"
-# kube-controller-manager's controllers; node-lifecycle takes the not-ready taint (set on every new
-# node) off once KWOK reports it Ready. Others (the Job controller) join on request.
-CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "serviceaccount-controller",
-               "node-lifecycle-controller")
+# kube-controller-manager's controllers: those of a real cluster that Ray workloads touch (the README's
+# "The local stack" says why each runs, and why the others do not: each costs CPU on two cores).
+CONTROLLERS = (
+    "garbage-collector-controller",  # ownerReferences: RayJob -> RayCluster -> pods, RayJob -> Job -> pod
+    "namespace-controller",  # a deleted namespace is emptied, then removed
+    "serviceaccount-controller",  # the `default` ServiceAccount a pod needs to be admitted
+    "node-lifecycle-controller",  # takes the not-ready taint of a new node off once KWOK reports it Ready
+    # Pods bound to a node that is gone (the autoscaler deleted it): no kubelet will ever confirm
+    # their deletion, so without it they stay Terminating for good.
+    "pod-garbage-collector-controller",
+    "job-controller",  # KubeRay's batch Jobs: without it the K8sJobMode submitter pod never exists
+)
 
 
 def free_port() -> int:
@@ -244,6 +252,7 @@ class ControlPlane:
             )
         existing = self.load_state()
         if existing is not None and self.running():
+            self.start_controller_manager(existing)  # one started by an older raygate may lack some
             if kuberay and "kuberay-operator" not in existing.pids:
                 self.start_kuberay(existing)
             if log:
@@ -326,7 +335,7 @@ class ControlPlane:
         """kube-controller-manager with the controllers the local stack needs, plus `extra` ones; a
         running one that lacks any of them is restarted with them (it reads the list only at start)."""
         controllers = [*CONTROLLERS, *(c for c in extra if c not in CONTROLLERS)]
-        running = state.extra.get("kcm-controllers", "").split(",")
+        running = [c for c in state.extra.get("kcm-controllers", "").split(",") if c]
         if "kube-controller-manager" in state.pids and alive(state.pids["kube-controller-manager"]):
             if set(controllers) <= set(running):
                 return

@@ -11,8 +11,8 @@ layer's KWOK nodes.
 - Volcano's admission webhooks are not run: they default and validate Volcano's own Jobs and Queues
   and check pods against their queue's state; raygate's reconciler creates the PodGroup, checks the
   queue is Open before that, and its webhook writes every pod template's scheduling metadata.
-- kube-controller-manager also runs the Job controller: KubeRay's K8sJobMode submitter is a Job,
-  and its pod (scheduled by Volcano in the job's PodGroup) exists only if something runs that Job.
+- kube-controller-manager's Job controller (on in every local stack) creates the pod of KubeRay's
+  K8sJobMode submitter Job, which Volcano schedules in the job's PodGroup.
 
 All of Volcano's CRDs are installed (the bundle's are only the scheduling ones): the scheduler and
 the queue controller watch its topology, NUMA, shard and command objects too and wait for them.
@@ -68,13 +68,12 @@ def controller_manager_args(cp: ControlPlane) -> list[str]:
 
 
 def start_volcano(cp: ControlPlane, state: State) -> None:
-    """The Job controller, Volcano's CRDs, controller-manager and scheduler; harmless when they run."""
+    """Volcano's CRDs, controller-manager and scheduler; harmless when they run."""
     from raygate.devenv.capacity import _running
 
     missing = [b for b in PROCESSES if not cp.bundle.binary(b).exists()]
     if missing:
         raise RaygateError(f"{', '.join(missing)} not built: run `make cluster-bins`")
-    cp.start_controller_manager(state, ("job-controller",))
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(volcano_crds(cp)))
     cp.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(volcano_crds(cp)))
     if not _running(state, "vc-controller-manager"):

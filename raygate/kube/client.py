@@ -13,72 +13,21 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import orjson
 import urllib3
 
+from raygate.core.api import Resource
 from raygate.core.errors import RaygateError
-from raygate.core.workload import JSON
+from raygate.core.objects import JSON
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-@dataclass(frozen=True)
-class Resource:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{quote(namespace)}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{quote(name)}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
-EVENTS = Resource("", "v1", "events", "Event")
-PODS = Resource("", "v1", "pods", "Pod")
-NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
-PODTEMPLATES = Resource("", "v1", "podtemplates", "PodTemplate")
-SECRETS = Resource("", "v1", "secrets", "Secret")
-LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
-RAYJOBS = Resource("ray.io", "v1", "rayjobs", "RayJob")
-RAYCLUSTERS = Resource("ray.io", "v1", "rayclusters", "RayCluster")
-PODGROUPS = Resource("scheduling.volcano.sh", "v1beta1", "podgroups", "PodGroup")
-VOLCANO_QUEUES = Resource("scheduling.volcano.sh", "v1beta1", "queues", "Queue", namespaced=False)
-MUTATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
-    namespaced=False,
-)
-VALIDATING_WEBHOOKS = Resource(
-    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
-    namespaced=False,
-)
-
-
-def provisioning_requests(version: str) -> Resource:
-    return Resource("autoscaling.x-k8s.io", version, "provisioningrequests", "ProvisioningRequest")
 
 
 class ApiError(Exception):

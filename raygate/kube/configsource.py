@@ -11,10 +11,11 @@ import threading
 from collections.abc import Callable
 
 from raygate.core import keys
+from raygate.core.api import CONFIGMAPS
+from raygate.core.objects import JSON, meta_str
 from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
-from raygate.core.workload import JSON
 from raygate.kube import events
-from raygate.kube.client import CONFIGMAPS, Kube
+from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 
 log = logging.getLogger("raygate.config")
@@ -61,7 +62,7 @@ class ConfigSource:
             if self._on_result:
                 self._on_result(err.problems)
             if source is not None and self.kube is not None:
-                rv = (source.get("metadata") or {}).get("resourceVersion", "0")
+                rv = meta_str(source, "resourceVersion") or "0"
                 events.record(
                     self.kube, {**source, "apiVersion": "v1", "kind": "ConfigMap"}, "InvalidConfig",
                     "raygate-config rejected, the previous config stays in force: " + "; ".join(err.problems),
@@ -82,5 +83,5 @@ class ConfigSource:
             log.warning("config deleted; keeping the last good config")
             return
         self.set_text(str((obj.get("data") or {}).get(keys.CONFIGMAP_KEY, "")), obj)
-        self.seen_version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        self.seen_version = meta_str(obj, "resourceVersion")
         self.loaded.set()  # even a rejected first version counts: the defaults then serve

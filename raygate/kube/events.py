@@ -7,7 +7,9 @@ import logging
 import uuid
 from typing import Any
 
-from raygate.kube.client import EVENTS, ApiError, Kube
+from raygate.core.api import EVENTS
+from raygate.core.objects import metadata
+from raygate.kube.client import ApiError, Kube
 
 log = logging.getLogger("raygate.events")
 COMPONENT = "raygate"
@@ -19,14 +21,14 @@ def record(kube: Kube, obj: dict[str, Any], reason: str, message: str, *, warnin
 
     Failures are logged, never raised: an Event is a report, and losing one must not stop a flow.
     """
-    meta = obj.get("metadata") or {}
-    namespace = str(meta.get("namespace") or "default")
+    found = metadata(obj)
+    namespace = str(found.get("namespace") or "default")
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     event = {
-        "metadata": {"name": name or f"{meta.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "metadata": {"name": name or f"{found.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
         "involvedObject": {
-            "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta.get("name"),
-            "namespace": namespace, "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+            "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": found.get("name"),
+            "namespace": namespace, "uid": found.get("uid"), "resourceVersion": found.get("resourceVersion"),
         },
         "reason": reason,
         "message": message[:1024],

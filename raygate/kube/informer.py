@@ -21,8 +21,9 @@ from typing import Any
 
 import orjson
 
-from raygate.core.workload import JSON
-from raygate.kube.client import ApiError, Kube, Resource
+from raygate.core.api import Resource
+from raygate.core.objects import JSON, meta_str
+from raygate.kube.client import ApiError, Kube
 
 log = logging.getLogger("raygate.informer")
 
@@ -36,8 +37,7 @@ def _unpack(value: JSON | bytes) -> JSON:
 
 
 def key_of(obj: JSON) -> Key:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return meta_str(obj, "namespace"), meta_str(obj, "name")
 
 
 class Informer:
@@ -127,9 +127,8 @@ class Informer:
                                   **self.selectors)
             for obj in page.get("items") or []:
                 items[key_of(obj)] = self._pack(self.transform(obj) if self.transform else obj)
-            meta = page.get("metadata") or {}
-            rv = str(meta.get("resourceVersion") or rv)
-            cont = meta.get("continue") or None
+            rv = meta_str(page, "resourceVersion") or rv
+            cont = meta_str(page, "continue") or None
             if not cont:
                 break
         with self._lock:
@@ -146,7 +145,7 @@ class Informer:
         """Apply one watch event; return its resourceVersion, or None when a relist is needed."""
         kind = event.get("type")
         obj = event.get("object") or {}
-        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        rv = meta_str(obj, "resourceVersion")
         if kind == "BOOKMARK":
             return rv
         if kind == "ERROR":

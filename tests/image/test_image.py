@@ -3,7 +3,7 @@ image's non-root user on a read-only root filesystem, its size stays inside a bu
 webhook serves the local API server and holds a job.
 
 Containers run with podman and runc, no network, every capability dropped. Two settings are
-forced by this sandbox and harmless elsewhere (the README's troubleshooting quotes the errors):
+forced by this sandbox and harmless elsewhere (docs/development.md, "The image", quotes the errors):
 - runc, not podman's default crun: crun 1.8 refuses the hybrid cgroup v1 + v2 layout here
   ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2");
 - explicit low ulimits: podman's defaults (nofile 1048576, nproc 4194304) exceed the hard

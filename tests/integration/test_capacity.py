@@ -26,13 +26,14 @@ from procs import processes_mentioning
 from waiting import consistently, wait
 
 from raygate.core import keys
+from raygate.core.api import NODES, PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
 from raygate.core.conditions import raw_conditions as conditions
-from raygate.core.workload import JSON
+from raygate.core.objects import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.capacity import GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, node, start_capacity
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
-from raygate.kube.client import NODES, PODS, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
+from raygate.kube.client import ApiError, Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 

@@ -8,7 +8,7 @@ The test plays cluster-autoscaler by patching ProvisioningRequest status, so exa
 books is known; the real autoscaler answers requests in test_capacity.py.
 
 After every attempt `assert_gate_holds` counts the GPU pods of each Ray object against the pod sets of
-its current Provisioned request: the invariant the README states under "What raygate guarantees".
+its current Provisioned request: the invariant docs/guarantees.md states.
 """
 
 from __future__ import annotations
@@ -28,22 +28,12 @@ from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.workload import JSON
+from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES
+from raygate.core.api import provisioning_requests as _provisioning_requests
+from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube.client import (
-    EVENTS,
-    LEASES,
-    MERGE_PATCH,
-    PODGROUPS,
-    PODS,
-    RAYCLUSTERS,
-    RAYJOBS,
-    VOLCANO_QUEUES,
-    ApiError,
-    Kube,
-)
-from raygate.kube.client import provisioning_requests as _provisioning_requests
+from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import builders
 import pytest
 import yaml
 from procs import processes_mentioning
@@ -216,6 +217,53 @@ def test_deleting_the_owner_collects_the_dependent(
     wait(gone, 90, f"garbage collection of {dep['kind']} owned by {made['kind']}", interval=0.5)
 
 
+def _bound_pod(name: str, node: str) -> Obj:
+    """A pod bound at create (as the scheduler binds), so no scheduler is needed and no kubelet runs it."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "containers": [{"name": "main", "image": "busybox"}]}}
+
+
+def test_pods_of_a_deleted_node_are_removed_by_pod_gc_and_by_the_demo(
+    cluster: ControlPlane, make_namespace: Callable[..., str]
+) -> None:
+    """When the autoscaler deletes a node, no kubelet will ever confirm its pods' deletion: they stay
+    Terminating unless pod GC (after its 40 s quarantine) or someone force-deletes them. The demo
+    force-deletes its own at once, before pod GC gets to them; pod GC clears the rest."""
+    from raygate.demo import clear_stranded_pods
+    from raygate.kube.client import Kube
+
+    others, own = make_namespace("podgc"), make_namespace("demo")
+    node = f"gone-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "-f", "-", input_text=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    for ns in (others, own):
+        wait(lambda ns=ns: cluster.kubectl("get", "serviceaccount", "default", "-n", ns, "--ignore-not-found",
+                                           "-o", "name").strip(), 30, f"the default ServiceAccount of {ns}")
+        create(cluster, ns, _bound_pod("left", node))
+        cluster.kubectl("delete", "pod", "left", "-n", ns, "--wait=false")
+
+    def terminating(ns: str) -> bool:
+        pod = get_json(cluster, "pod", "left", "-n", ns)
+        return bool(pod["metadata"].get("deletionTimestamp"))
+
+    # While the node exists nothing removes them: only a kubelet that never comes would.
+    consistently(lambda: terminating(others) and terminating(own), 3, "both pods to stay Terminating")
+    cluster.kubectl("delete", "node", node)
+
+    kube = Kube.connect(str(cluster.kubeconfig), user_agent="raygate-harness-test")
+    cleared = clear_stranded_pods(kube, own)
+    assert list(cleared.values()) == [f"{own}/left (Terminating on node {node}, which no longer exists)"]
+    assert not cluster.kubectl("get", "pod", "left", "-n", own, "--ignore-not-found", "-o", "name").strip()
+    assert terminating(others), "clear_stranded_pods touches only its own namespace"
+
+    def collected() -> bool:
+        return not cluster.kubectl("get", "pod", "left", "-n", others, "--ignore-not-found", "-o", "name").strip()
+
+    # Pod GC checks every 20 s and deletes a missing node's pods after 40 s of quarantine.
+    wait(collected, 150, f"pod GC to remove {others}/left, bound to the deleted node {node}", interval=1)
+
+
 # --- the KubeRay operator -----------------------------------------------------------------------
 def _pods(cluster: ControlPlane, ns: str, selector: str) -> list[Obj]:
     items = get_json(cluster, "pods", "-n", ns, "-l", selector)["items"]
@@ -332,6 +380,43 @@ def test_dev_up_twice_then_down_leaves_nothing(dev_dir: Path, bundle: Bundle) ->
         assert stat.rsplit(")", 1)[1].split()[0] == "Z", f"{name} (pid {pid}) survived `dev down`"
     assert processes_mentioning(str(dev_dir.resolve())) == []
     assert _run([*dev, "env"]).returncode != 0
+
+
+def _controller(obj: Obj) -> tuple[str, str] | None:
+    refs = [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]
+    return (refs[0]["kind"], refs[0]["uid"]) if refs else None
+
+
+@pytest.mark.kuberay
+def test_a_k8sjobmode_rayjob_gets_its_submitter_pod_from_the_job_controller(dev_dir: Path, bundle: Bundle) -> None:
+    """KubeRay submits a K8sJobMode RayJob (its default) through a batch Job of its own; the Job's pod
+    is the Job controller's work, which `raygate dev up` runs, as a real cluster does."""
+    up = _run([str(RAYGATE), "dev", "--dir", str(dev_dir), "up", "--kuberay", "--capacity"], timeout=300)
+    assert up.returncode == 0, up.stderr
+    cp = ControlPlane(dev_dir, bundle)
+    ns = "k8sjob"
+    cp.kubectl("create", "namespace", ns)
+    wait(lambda: cp.kubectl("get", "serviceaccount", "default", "-n", ns, "--ignore-not-found", "-o", "name").strip(),
+         30, f"the default ServiceAccount of {ns}")
+    res = {"cpu": "1", "memory": "1Gi"}
+    job = builders.RayJob("train", ns).worker("cpu", replicas=1, min_replicas=1, max_replicas=1,
+                                              requests=res, limits=res).obj()
+    assert "submissionMode" not in job["spec"]  # KubeRay's default, K8sJobMode
+    made = create(cp, ns, job)
+
+    def running_submitter() -> Obj | None:
+        pods = get_json(cp, "pods", "-n", ns, "-l", "batch.kubernetes.io/job-name=train")["items"]
+        return next((p for p in pods if p["status"].get("phase") == "Running" and p["spec"].get("nodeName")), None)
+
+    pod = wait(running_submitter, 180, "the submitter pod of RayJob train Running on a node", interval=1)
+    submitter_job = get_json(cp, "job.batch", "train", "-n", ns)
+    assert _controller(submitter_job) == ("RayJob", made["metadata"]["uid"])  # KubeRay's Job
+    assert _controller(pod) == ("Job", submitter_job["metadata"]["uid"])  # the Job controller's pod
+    assert submitter_job["status"].get("active") == 1, submitter_job["status"]
+    ray_pods = get_json(cp, "pods", "-n", ns, "-l", "ray.io/cluster")["items"]
+    assert sorted(p["metadata"]["labels"]["ray.io/node-type"] for p in ray_pods) == ["head", "worker"]
+    assert all(pod["metadata"]["creationTimestamp"] >= p["metadata"]["creationTimestamp"] for p in ray_pods), \
+        "KubeRay submits once the Ray cluster is up"
 
 
 def test_down_removes_what_up_registered_and_fresh_starts_empty(dev_dir: Path, bundle: Bundle) -> None:

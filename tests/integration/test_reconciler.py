@@ -27,23 +27,21 @@ from builders import RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.workload import JSON
-from raygate.devenv.controlplane import ControlPlane
-from raygate.devenv.raygate_local import reconciler_metrics_port, start_reconciler, start_webhook, stop_webhook
-from raygate.kube.client import (
+from raygate.core.api import (
     EVENTS,
     LEASES,
-    MERGE_PATCH,
     PODGROUPS,
     PODS,
     PODTEMPLATES,
     RAYCLUSTERS,
     RAYJOBS,
     VOLCANO_QUEUES,
-    ApiError,
-    Kube,
     provisioning_requests,
 )
+from raygate.core.objects import JSON
+from raygate.devenv.controlplane import ControlPlane
+from raygate.devenv.raygate_local import reconciler_metrics_port, start_reconciler, start_webhook, stop_webhook
+from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 
 pytestmark = pytest.mark.integration
 

@@ -27,11 +27,12 @@ import pytest
 from waiting import wait
 
 from raygate.core import keys
-from raygate.core.workload import JSON
+from raygate.core.api import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, provisioning_requests
+from raygate.core.objects import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import LocalWebhook, start_reconciler, start_webhook, stop_webhook
-from raygate.kube.client import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, ApiError, Kube, provisioning_requests
+from raygate.kube.client import ApiError, Kube
 
 pytestmark = pytest.mark.integration
 
@@ -181,7 +182,7 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
     wait(lambda: env.release("-n", NS["release"]).returncode == 0, 60, "the reconciler's Lease to expire",
          interval=1)
 
-    # As the README says: still suspended, raygate's label and annotations kept, the children kept,
+    # As docs/install.md says: still suspended, raygate's label and annotations kept, the children kept,
     # and KubeRay never made a cluster for it. Nothing is left to unsuspend it.
     before = {key: env.job(NS[key]) for key in ("release", "delete")}
     for key, obj in before.items():

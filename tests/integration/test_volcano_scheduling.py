@@ -29,25 +29,16 @@ from procs import processes_mentioning
 from waiting import consistently, wait
 
 from raygate.core import keys
+from raygate.core.api import NODES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES, provisioning_requests
 from raygate.core.conditions import raw_conditions as conditions
-from raygate.core.workload import JSON, Workload, get
+from raygate.core.objects import JSON, get
+from raygate.core.workload import Workload
 from raygate.devenv.build import Bundle
 from raygate.devenv.capacity import CPU_GROUP, GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, start_capacity
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook
 from raygate.devenv.volcano import queue_state, start_volcano
-from raygate.kube.client import (
-    JSON_PATCH,
-    NODES,
-    PODGROUPS,
-    PODS,
-    RAYCLUSTERS,
-    RAYJOBS,
-    VOLCANO_QUEUES,
-    ApiError,
-    Kube,
-    provisioning_requests,
-)
+from raygate.kube.client import JSON_PATCH, ApiError, Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 

@@ -50,7 +50,7 @@ def test_an_addition_never_overwrites_what_the_module_has(tmp_path: Path, module
         build._with_additions("example.com/mod", "v1", {"pkg/types.go": "package pkg\n"}, tmp_path, tmp_path)
 
 
-def test_the_volcano_scheduler_configuration_runs_what_the_readme_says() -> None:
+def test_the_volcano_scheduler_configuration_runs_what_the_docs_say() -> None:
     import yaml
 
     from raygate.devenv.volcano import SCHEDULER_CONF, scheduler_args

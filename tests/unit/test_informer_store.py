@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raygate.kube.client import RAYJOBS
+from raygate.core.api import RAYJOBS
 from raygate.kube.informer import Informer
 from raygate.reconciler import decision
 from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, settled, slim

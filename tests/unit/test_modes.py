@@ -1,18 +1,27 @@
-"""The modes as one interface: every mode has rules, and each says whether raygate holds its jobs."""
+"""The modes as one interface: every mode has rules, each says whether raygate holds its jobs, and no
+code outside raygate/core/modes/ branches on a mode's name."""
 
 from __future__ import annotations
 
-import json
+import ast
+from pathlib import Path
 
 import jsonpatch
 import pytest
 from builders import gpu_job
 
 from raygate.core import keys
-from raygate.core.modes import RULES, rules_for, volcano
+from raygate.core.modes import RULES, Mode, group_rules, rules_for, volcano
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import Mode, NamespacePolicy, merge_override
+from raygate.core.policy import NamespacePolicy, merge_override, parse_config
 from raygate.core.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES_DIR = ROOT / "raygate" / "core" / "modes"
+# The local stack (raygate/devenv) names the processes it runs (Volcano's scheduler, Kueue's controller):
+# those are programs, not modes.
+NOT_MODES = (MODES_DIR, ROOT / "raygate" / "devenv")
+SOURCES = ("raygate", "webhook", "reconciler", "certs")
 
 
 def job(annotations: dict[str, str]) -> Workload:
@@ -24,17 +33,18 @@ def job(annotations: dict[str, str]) -> Workload:
 
 def test_every_mode_has_rules() -> None:
     assert set(RULES) == set(Mode)
+    assert all(rules_for(m).mode is m for m in Mode)
 
 
 @pytest.mark.parametrize(("mode", "holds"), [(Mode.PROVISIONING, True), (Mode.VOLCANO, True), (Mode.KUEUE, False)])
 def test_raygate_holds_jobs_in_every_mode_but_kueue(mode: Mode, holds: bool) -> None:
-    assert rules_for(mode).HOLDS is holds
+    assert rules_for(mode).holds is holds
 
 
-@pytest.mark.parametrize("mode", [Mode.PROVISIONING, Mode.KUEUE])
-def test_only_volcano_has_a_pod_group(mode: Mode) -> None:
-    recorded = {keys.POD_GROUP_ANNOTATION: json.dumps({"minMember": 2, "queue": "q"})}
-    assert rules_for(mode).pod_group(job(recorded)) is None
+@pytest.mark.parametrize(("mode", "has_group"), [(Mode.PROVISIONING, False), (Mode.KUEUE, False),
+                                                 (Mode.VOLCANO, True)])
+def test_only_volcano_schedules_through_a_group(mode: Mode, has_group: bool) -> None:
+    assert (group_rules(mode) is not None) is has_group
 
 
 def test_volcano_reads_back_the_pod_group_it_recorded() -> None:
@@ -42,7 +52,65 @@ def test_volcano_reads_back_the_pod_group_it_recorded() -> None:
     w = Workload(gpu_job("train", "team").obj())
     policy = merge_override(NamespacePolicy(), {"mode": "volcano", "queueName": "research"})
     b = PatchBuilder(w.obj)
-    volcano.apply(b, w, policy, w.gang())
-    group = volcano.pod_group(Workload(jsonpatch.apply_patch(w.obj, b.ops)))
-    assert group is not None and (group.name, group.queue) == (w.pod_group_name, "research")
+    volcano.RULES.apply(b, w, policy, w.gang())
+    group = volcano.RULES.recorded(Workload(jsonpatch.apply_patch(w.obj, b.ops)))
+    assert (group.name, group.spec["queue"]) == (w.pod_group_name, "research")
     assert group.spec["minMember"] == w.gang().min_member
+
+
+def test_a_mode_names_what_its_config_cannot_do() -> None:
+    """The mode's own rule reaches the admin as a config error under the namespace's path."""
+    with pytest.raises(ValueError, match=r"namespaces\.ml: kueue mode cannot use raygate's own"):
+        parse_config("namespaces:\n  ml:\n    mode: kueue\n    provisioning:\n      enabled: true\n")
+
+
+def test_kueue_mode_refuses_a_job_that_would_be_stored_unsuspended() -> None:
+    running = Workload({**gpu_job("train", "ns").obj(), "spec": {"suspend": False}, "kind": keys.RAYJOB_KIND})
+    assert "would start at once" in (rules_for(Mode.KUEUE).stored_problem(running, "ns") or "")
+    assert rules_for(Mode.PROVISIONING).stored_problem(running, "ns") is None
+
+
+# --- no branch on a mode's name outside the modes ---------------------------------------------------
+
+MODE_NAMES = {m.value for m in Mode}
+MODE_MEMBERS = {m.name for m in Mode}
+
+
+def _names_a_mode(node: ast.AST) -> bool:
+    """`Mode.KUEUE`, or the string "kueue"."""
+    if isinstance(node, ast.Attribute) and node.attr in MODE_MEMBERS and isinstance(node.value, ast.Name) \
+            and node.value.id == "Mode":
+        return True
+    return isinstance(node, ast.Constant) and node.value in MODE_NAMES
+
+
+def mode_branches(source: str) -> list[int]:
+    """Lines that compare with a concrete mode, match on one, or import a concrete mode's module."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(_names_a_mode(n) for n in (node.left, *node.comparators)):
+            out.append(node.lineno)
+        elif isinstance(node, ast.match_case) and any(_names_a_mode(n) for n in ast.walk(node.pattern)):
+            out.append(node.pattern.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and (
+                (node.module.startswith("raygate.core.modes.") and node.module != "raygate.core.modes.base")
+                or (node.module == "raygate.core.modes" and any(a.name in MODE_NAMES for a in node.names))):
+            out.append(node.lineno)
+    return out
+
+
+def test_the_check_finds_a_branch_on_a_mode_name() -> None:
+    assert mode_branches("if mode is Mode.KUEUE:\n    pass\n") == [1]
+    assert mode_branches("x = 1\nif policy.mode == 'volcano':\n    pass\n") == [2]
+    assert mode_branches("from raygate.core.modes import volcano\n") == [1]
+    assert mode_branches("if rules_for(mode).holds:\n    pass\n") == []
+
+
+def test_no_code_outside_the_modes_branches_on_a_mode_name() -> None:
+    found = []
+    for top in SOURCES:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if any(path.resolve().is_relative_to(d) for d in NOT_MODES) or ".venv" in path.parts:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{line}" for line in mode_branches(path.read_text())]
+    assert found == [], "ask raygate.core.modes (rules_for, group_rules) instead of naming a mode"

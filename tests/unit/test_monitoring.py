@@ -1,5 +1,5 @@
 """The alerts and the Grafana dashboard (config/monitoring, shipped by the chart too) refer only to
-metrics, and labels, that raygate's components really export."""
+metrics, and labels, that raygate's components really export; docs/metrics.md names exactly those."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from raygate.kube.client import Kube
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "config" / "monitoring"
 CHART_FILES = ROOT / "charts" / "raygate" / "files"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
 SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
             "gauge": ("",), "summary": ("", "_count", "_sum", "_created")}
 
@@ -47,6 +48,22 @@ def exported() -> dict[str, set[str]]:
     for family in collector.collect():
         for sample in family.samples:
             out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
+def families() -> set[str]:
+    """Every metric as a user queries it: a counter by its `_total` sample, a gauge or histogram by its name."""
+    out: set[str] = set()
+    for module in (webhook_metrics, reconciler_metrics):
+        for obj in vars(module).values():
+            if isinstance(obj, MetricWrapperBase):
+                out.add(obj._name + ("_total" if obj._type == "counter" else ""))
+
+    class FakeKube:
+        requests = {"GET": 1}
+
+    for family in reconciler_metrics.StateCollector(lambda: [], cast(Kube, FakeKube()), lambda: 3).collect():
+        out.add(family.name + ("_total" if family.type == "counter" else ""))
     return out
 
 
@@ -122,6 +139,13 @@ def test_state_values_in_expressions_are_raygate_states() -> None:
     for where, expr in EXPRS:
         for value in re.findall(r'state=~?"([^"]*)"', expr):
             assert set(value.split("|")) <= states, f"{where}: {value}"
+
+
+def test_the_metrics_page_names_every_exported_metric_and_no_other() -> None:
+    documented = set(re.findall(r"\braygate_\w+", METRICS_DOC.read_text()))
+    exported_families = families()
+    assert exported_families - documented == set(), "docs/metrics.md does not name these"
+    assert documented - exported_families == set(), "docs/metrics.md names metrics raygate does not export"
 
 
 @pytest.mark.parametrize("name", ["prometheusrule.yaml", "raygate-dashboard.json"])

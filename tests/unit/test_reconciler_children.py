@@ -10,9 +10,10 @@ from builders import RayJob, container, pod_template, worker_group
 
 from raygate.core import keys
 from raygate.core.modes import volcano
+from raygate.core.objects import JSON, controller_uid
 from raygate.core.policy import NamespacePolicy, merge_override
-from raygate.core.workload import JSON, ManifestError, PodSet, Workload
-from raygate.reconciler import children, decision, podgroup
+from raygate.core.workload import ManifestError, PodSet, Workload
+from raygate.reconciler import children, decision
 from raygate.reconciler.children import BadInput
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
@@ -120,7 +121,7 @@ def test_owner_reference_is_the_controlling_job() -> None:
         "controller": True, "blockOwnerDeletion": True,
     }]
     assert pt["metadata"]["labels"] == {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE}
-    assert children.controller_uid(pt) == "uid-1"
+    assert controller_uid(pt) == "uid-1"
     assert children.controller_key(pt) == ("RayJob", "ns", "train")
 
 
@@ -191,7 +192,7 @@ def test_more_than_32_pod_sets_is_refused() -> None:
 def test_missing_or_corrupted_pod_group_annotation_is_bad_input(text: str | None, message: str) -> None:
     w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: text} if text is not None else None)
     with pytest.raises(ManifestError, match=message):
-        volcano.pod_group(w)
+        volcano.RULES.recorded(w)
     with pytest.raises(BadInput, match=message):  # and the reconciler fails the job with that reason
         decision.needs_of(w, policy(mode="volcano"))
 
@@ -199,9 +200,10 @@ def test_missing_or_corrupted_pod_group_annotation_is_bad_input(text: str | None
 def test_pod_group_from_the_recorded_spec() -> None:
     spec = {"minMember": 3, "minResources": {"nvidia.com/gpu": "2"}, "queue": "team-a"}
     w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
-    recorded = volcano.pod_group(w)
-    assert recorded is not None and recorded.queue == "team-a"
-    pg = podgroup.pod_group(w, recorded)
+    recorded = volcano.RULES.recorded(w)
+    assert recorded.spec["queue"] == "team-a"
+    pg = volcano.RULES.group_object(w, recorded)
+    assert (pg["apiVersion"], pg["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
     assert pg["metadata"]["name"] == "ray-train-pg"  # the name the pods' group-name annotation points to
     assert pg["spec"] == spec
     assert pg["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -213,8 +215,12 @@ def test_pod_group_from_the_recorded_spec() -> None:
     ({"status": {}}, False, "not reported"),
     ({"status": {"state": "Open"}}, True, ""),
 ])
-def test_queue_state(queue: dict[str, Any] | None, is_open: bool, words: str) -> None:
-    q = podgroup.queue_state("team-a", queue)
-    assert q.open is is_open
-    if not is_open:
-        assert "team-a" in q.why_closed() and words in q.why_closed()
+def test_the_pod_group_waits_for_an_open_queue(queue: dict[str, Any] | None, is_open: bool, words: str) -> None:
+    spec = volcano.RULES.recorded(rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(
+        {"minMember": 3, "queue": "team-a"})}))
+    needed = volcano.RULES.prerequisite(spec)
+    assert (needed.resource.plural, needed.name) == ("queues", "team-a")
+    problem = volcano.RULES.prerequisite_problem(spec, queue)
+    assert (problem is None) is is_open
+    if problem is not None:
+        assert "team-a" in problem and words in problem

@@ -11,12 +11,11 @@ import pytest
 from builders import RayJob
 
 from raygate.core import keys
-from raygate.core.modes import volcano
+from raygate.core.modes import GroupSpec, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
-from raygate.reconciler import children, decision, podgroup
+from raygate.reconciler import children, decision
 from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan
-from raygate.reconciler.podgroup import QueueState
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 GPU = {"nvidia.com/gpu": "1"}
@@ -304,15 +303,20 @@ def test_capacity_revoked_requeue_suspends_and_asks_again() -> None:
 def volcano_job(queue_open: bool | None, provision: bool = False) -> tuple[Workload, Observed, NamespacePolicy]:
     spec = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue": "team-a"}
     w = job(annotations={keys.MODE_ANNOTATION: "volcano", keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
-    state = None if queue_open is None else ("Open" if queue_open else "Closed")
     pol = policy(mode="volcano", provisioning={"enabled": provision})
-    return w, Observed(queue=QueueState("team-a", state)), pol
+    return w, Observed(prerequisite=queue(queue_open)), pol
+
+
+def queue(is_open: bool | None) -> dict[str, Any] | None:
+    """A Volcano Queue as read (None: it does not exist)."""
+    return None if is_open is None else {"status": {"state": "Open" if is_open else "Closed"}}
 
 
 @pytest.mark.parametrize(("queue_open", "words"), [(False, "is Closed"), (None, "does not exist")])
 def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None, words: str) -> None:
     w, obs, pol = volcano_job(queue_open)
-    assert decision.queue_to_check(w, pol, Observed()) == "team-a"
+    needed = decision.prerequisite_to_check(w, pol, Observed())
+    assert needed is not None and (needed.resource.plural, needed.name) == ("queues", "team-a")
     plan = decision.decide(w, obs, pol, NOW)
     assert kinds(plan) == ["patch hold", "event QueueNotOpen"]
     assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
@@ -356,7 +360,7 @@ def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_u
     w = generated_volcano_job()
     assert set(_group_names(w.obj).values()) == {None}
     pol = policy(mode="volcano", provisioning={"enabled": provision})
-    obs = Observed(queue=QueueState("team-a", "Open"))
+    obs = Observed(prerequisite=queue(True))
     if provision:  # Provisioned: the request raygate made for it
         plan = decision.decide(w, obs, pol, NOW)
         w = Workload(applied(w, plan))
@@ -367,7 +371,7 @@ def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_u
         pr["metadata"]["creationTimestamp"] = "2030-01-01T11:59:59Z"
         pr["status"] = {"conditions": [{"type": t, "status": "True"} for t in ("Accepted", "Provisioned")]}
         assert pr["metadata"]["name"] == name
-        obs = Observed(requests=(pr,), pod_groups=(pg,))
+        obs = Observed(requests=(pr,), groups=(pg,))
     plan = decision.decide(w, obs, pol, NOW)
     admits = [a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit"]
     assert len(admits) == 1
@@ -386,7 +390,7 @@ def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhoo
     for _, path in w.template_paths():
         obj_get(named, path).setdefault("metadata", {}).setdefault("annotations", {})[
             keys.VOLCANO_GROUP_NAME_ANNOTATION] = "ray-train-x7k2p-pg"
-    plan = decision.decide(Workload(named), Observed(queue=QueueState("team-a", "Open")), policy(mode="volcano"), NOW)
+    plan = decision.decide(Workload(named), Observed(prerequisite=queue(True)), policy(mode="volcano"), NOW)
     admit = next(a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit")
     assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
 
@@ -406,9 +410,7 @@ RECORDED = {"minMember": 3, "minTaskMember": {"headgroup": 1, "gpu": 2}, "queue"
 ], ids=["same", "same-spelled-otherwise", "min-member", "reset-on-suspend", "min-resources", "queue",
         "min-task-member"])
 def test_pod_group_drift(actual: dict[str, Any], changed: list[str]) -> None:
-    from raygate.reconciler.podgroup import drift
-
-    found = drift(RECORDED, actual)
+    found = volcano.RULES.drift(GroupSpec("ray-train-pg", RECORDED), {"spec": actual})
     assert len(found) == len(changed)
     for words, line in zip(changed, found, strict=True):
         assert line.startswith(words)
@@ -421,14 +423,12 @@ def admitted_volcano_job() -> Workload:
 
 def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
     w = admitted_volcano_job()
-    spec = volcano.pod_group(w)
-    assert spec is not None
-    ours = podgroup.pod_group(w, spec)
-    plan = decision.decide(w, Observed(pod_groups=(ours,)), policy(mode="volcano"), NOW)
+    ours = volcano.RULES.group_object(w, volcano.RULES.recorded(w))
+    plan = decision.decide(w, Observed(groups=(ours,)), policy(mode="volcano"), NOW)
     assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
     rewritten = json.loads(json.dumps(ours))
     rewritten["spec"].update(minMember=2, minResources={"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"})
-    plan = decision.decide(w, Observed(pod_groups=(rewritten,)), policy(mode="volcano"), NOW)
+    plan = decision.decide(w, Observed(groups=(rewritten,)), policy(mode="volcano"), NOW)
     assert kinds(plan) == ["patch fail", "event PodGroupRewritten", "delete PodGroup ray-train-pg"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"

@@ -1,40 +1,53 @@
-"""The modes, one module each, holding everything a mode means (as KubeRay's batch schedulers do).
+"""The modes: one class each behind `ModeRules` (base.py), registered here by name.
 
-Every mode module implements `ModeRules` with module-level names; mypy checks each against the
-protocol through `RULES`. The webhook calls `refusals` and `apply` when a job is created; the
-reconciler asks `HOLDS` and `pod_group` for a held job. Adding a mode: its value in
-`policy.Mode`, its module here, its line in `RULES`, and its tests.
+Callers ask `rules_for(mode)` and never branch on a mode's name: the webhook asks a mode what to
+refuse and what to add at creation, the validating guard what a held job may not change, the
+reconciler whether raygate holds the job and, through `group_rules`, for the group object the
+mode schedules a gang with. Adding a mode: its value in `Mode`, its module here, its line in
+`RULES`, and its tests.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
 
+from raygate.core import keys
 from raygate.core.modes import kueue, provisioning, volcano
-from raygate.core.modes.volcano import PodGroupSpec
-from raygate.core.patch import PatchBuilder
-from raygate.core.policy import Mode, NamespacePolicy
-from raygate.core.workload import Gang, Workload
+from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
 
+__all__ = ["RULES", "GroupRules", "GroupSpec", "Mode", "ModeRules", "Prerequisite", "all_group_rules",
+           "decided_labels", "group_rules", "recorded_mode", "rules_for", "template_annotations"]
 
-class ModeRules(Protocol):
-    HOLDS: bool
-    """Whether raygate holds the job (suspended, state label) until it admits it. False: another
-    system admits it (Kueue) and raygate only labels and validates."""
-
-    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can."""
-
-    def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
-        """Add to the job being created what this mode needs (labels, hold, scheduler metadata)."""
-
-    def pod_group(self, w: Workload) -> PodGroupSpec | None:
-        """The PodGroup the reconciler creates for the held job, as `apply` recorded it; None when the
-        mode has none. Raises ManifestError when the record is missing or unusable."""
-
-
-RULES: dict[Mode, ModeRules] = {Mode.PROVISIONING: provisioning, Mode.VOLCANO: volcano, Mode.KUEUE: kueue}
+RULES: dict[Mode, ModeRules] = {m.mode: m for m in (provisioning.RULES, volcano.RULES, kueue.RULES)}
 
 
 def rules_for(mode: Mode) -> ModeRules:
     return RULES[mode]
+
+
+def group_rules(mode: Mode) -> GroupRules | None:
+    """The mode's group capability, when it schedules each gang through a group object."""
+    rules = RULES[mode]
+    return rules if isinstance(rules, GroupRules) else None
+
+
+def all_group_rules() -> list[GroupRules]:
+    return [r for r in RULES.values() if isinstance(r, GroupRules)]
+
+
+def recorded_mode(annotations: Mapping[str, str]) -> Mode | None:
+    """The mode the webhook applied to an object, as it recorded it; None when absent or unknown."""
+    try:
+        return Mode(annotations[keys.MODE_ANNOTATION])
+    except (KeyError, ValueError):
+        return None
+
+
+def decided_labels() -> frozenset[str]:
+    """Every label some mode decides on: no user changes them on a gated job, whatever its mode."""
+    return frozenset().union(*(r.decided_labels for r in RULES.values()))
+
+
+def template_annotations() -> tuple[str, ...]:
+    """Every pod-template annotation some mode writes, in a stable order."""
+    return tuple(dict.fromkeys(a for r in RULES.values() for a in r.template_annotations))

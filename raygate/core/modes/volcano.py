@@ -1,43 +1,43 @@
 """volcano mode: hold the job, route every pod to Volcano in one PodGroup, record the PodGroup spec.
 
-The webhook records the spec in an annotation (`apply`); the reconciler reads it back (`pod_group`)
-and creates the PodGroup from it. Pods find it through the group-name annotation on every pod
-template, the submitter's included, so the whole gang schedules together.
+The webhook records the spec in an annotation (`apply`); the reconciler reads it back (`recorded`)
+and creates the PodGroup from it (`group_object`), once the group's Volcano queue is Open. Pods
+find it through the group-name annotation on every pod template, the submitter's included, so the
+whole gang schedules together.
 
 With `metadata.generateName` the name (and so the PodGroup's, `ray-<name>-pg`) is chosen by the API
 server after this webhook has answered. Everything else is written here; the group-name annotation
-is written by the reconciler in the patch that unsuspends the job, so no pod is ever created
-without it (and the guard keeps anyone else from unsuspending the job or writing the annotation).
+is written by the reconciler in the patch that unsuspends the job (`admit`), so no pod is ever
+created without it (and the guard keeps anyone else from unsuspending the job or writing it).
+
+The PodGroup carries the name KubeRay's own Volcano integration uses, so the two never make two
+groups for one job. They cannot share one either: with the operator flag `--batch-scheduler=volcano`
+KubeRay updates any PodGroup of that name to its own minMember and minResources once the job runs
+(v1.6 leaves init containers, pod overhead and its autoscaler sidecar out of minResources; v1.7 also
+resets the group when a job is suspended), so Volcano would no longer schedule the gang raygate
+admitted. raygate does not fight over the object: `drift` finds the rewrite, and the reconciler stops
+the job with the reason (`rewritten`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from raygate.core import keys, queue_labels
+from raygate.core import api, booking, keys, queue_labels
 from raygate.core import quantity as q
-from raygate.core.modes import provisioning
+from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
+from raygate.core.modes.provisioning import hold
+from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import NamespacePolicy
-from raygate.core.workload import JSON, Gang, ManifestError, Workload, get
+from raygate.core.workload import Gang, ManifestError, Workload, child_metadata
+
+if TYPE_CHECKING:
+    from raygate.core.policy import NamespacePolicy
 
 DEFAULT_QUEUE = "default"  # Volcano's built-in queue
-HOLDS = True
-
-
-@dataclass(frozen=True)
-class PodGroupSpec:
-    """The PodGroup a held job gets, as the webhook recorded it."""
-
-    name: str
-    queue: str
-    spec: JSON
-
-
-def refusals(w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-    return provisioning.refusals(w, policy, gang)
+OPEN = "Open"
 
 
 def pod_group_spec(w: Workload, policy: NamespacePolicy, gang: Gang, queue_name: str) -> dict[str, Any]:
@@ -71,46 +71,117 @@ def default_submitter_template(w: Workload) -> dict[str, Any]:
     return {"spec": {"restartPolicy": "Never", "containers": [container]}}
 
 
-def apply(b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
-    provisioning.apply(b, w, policy, gang)
-    queue_name = queue_labels.apply_labels(
-        b, w, policy, queue_label=keys.VOLCANO_QUEUE_LABEL, priority_label=keys.RAY_PRIORITY_CLASS_LABEL,
-        default_queue=DEFAULT_QUEUE,
-    ) or DEFAULT_QUEUE
-    templates = w.template_paths()
-    if w.is_job and w.submission_mode == "K8sJobMode" and not get(w.obj, ("spec", "submitterPodTemplate")):
-        b.set(("spec", "submitterPodTemplate"), default_submitter_template(w))
-        templates.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
-    # With generateName the name is picked after the mutating webhooks (the validating ones see it): the
-    # same rule on both sides, so a stored object validates as it was mutated.
-    named = not get(w.obj, ("metadata", "generateName"))
-    for task, path in templates:
-        b.set((*path, "spec", "schedulerName"), keys.VOLCANO_SCHEDULER)
-        group_name = (*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION)
-        if named:
-            b.set(group_name, w.pod_group_name)
-        else:  # generateName: the reconciler names the group when it unsuspends; nobody else may
-            b.remove(group_name)
-        b.set((*path, "metadata", "annotations", keys.VOLCANO_TASK_SPEC_ANNOTATION), task)
-    spec = pod_group_spec(w, policy, gang, queue_name)
-    b.set(("metadata", "annotations", keys.POD_GROUP_ANNOTATION), json.dumps(spec, sort_keys=True))
-
-
-def pod_group(w: Workload) -> PodGroupSpec | None:
-    """The PodGroup spec `apply` recorded; raises ManifestError when it is missing or unusable."""
-    text = w.annotations.get(keys.POD_GROUP_ANNOTATION)
-    if text is None:
-        raise ManifestError(f"volcano mode needs the PodGroup spec in annotation {keys.POD_GROUP_ANNOTATION}, "
-                            "which the webhook writes at creation: re-create the job")
+def _resources(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, Mapping):
+        return None
     try:
-        spec = json.loads(text)
-    except (TypeError, ValueError) as err:
-        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not valid JSON ({err}): re-create the job") \
-            from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("minMember"), int):
-        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not a PodGroup spec with an integer "
-                            "minMember: re-create the job")
-    queue = spec.get("queue")
-    if not isinstance(queue, str) or not queue:
-        raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} names no queue: re-create the job")
-    return PodGroupSpec(w.pod_group_name, queue, spec)
+        return {str(k): q.parse(v) for k, v in value.items()}
+    except q.QuantityError:
+        return None
+
+
+class Volcano(ModeRules, GroupRules):
+    mode = Mode.VOLCANO
+    decided_labels = frozenset({keys.VOLCANO_QUEUE_LABEL, keys.RAY_PRIORITY_CLASS_LABEL})
+    template_annotations = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION)
+    group_resource = api.PODGROUPS
+    prerequisite_reason = "QueueNotOpen"
+    rewritten_reason = "PodGroupRewritten"
+
+    # --- at creation (webhook) ------------------------------------------------------------------
+    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+        return booking.refusals(policy, gang)  # where it also books capacity
+
+    def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
+        hold(b)
+        queue_name = queue_labels.apply_labels(
+            b, w, policy, queue_label=keys.VOLCANO_QUEUE_LABEL, priority_label=keys.RAY_PRIORITY_CLASS_LABEL,
+            default_queue=DEFAULT_QUEUE,
+        ) or DEFAULT_QUEUE
+        templates = w.template_paths()
+        if w.is_job and w.submission_mode == "K8sJobMode" and not get(w.obj, ("spec", "submitterPodTemplate")):
+            b.set(("spec", "submitterPodTemplate"), default_submitter_template(w))
+            templates.append((keys.SUBMITTER_TASK, ("spec", "submitterPodTemplate")))
+        # With generateName the name is picked after the mutating webhooks (the validating ones see it): the
+        # same rule on both sides, so a stored object validates as it was mutated.
+        named = not get(w.obj, ("metadata", "generateName"))
+        for task, path in templates:
+            b.set((*path, "spec", "schedulerName"), keys.VOLCANO_SCHEDULER)
+            group_name = (*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION)
+            if named:
+                b.set(group_name, w.pod_group_name)
+            else:  # generateName: the reconciler names the group when it unsuspends; nobody else may
+                b.remove(group_name)
+            b.set((*path, "metadata", "annotations", keys.VOLCANO_TASK_SPEC_ANNOTATION), task)
+        spec = pod_group_spec(w, policy, gang, queue_name)
+        b.set(("metadata", "annotations", keys.POD_GROUP_ANNOTATION), json.dumps(spec, sort_keys=True))
+
+    def held_changes(self, old: Workload, new: Workload) -> list[str]:
+        # Its PodGroup spec and every template's Volcano metadata were fixed at creation.
+        return ["change its pod sets in volcano mode"] if old.gang() != new.gang() else []
+
+    # --- the PodGroup (reconciler) ----------------------------------------------------------------
+    def recorded(self, w: Workload) -> GroupSpec:
+        text = w.annotations.get(keys.POD_GROUP_ANNOTATION)
+        if text is None:
+            raise ManifestError(f"volcano mode needs the PodGroup spec in annotation {keys.POD_GROUP_ANNOTATION}, "
+                                "which the webhook writes at creation: re-create the job")
+        try:
+            spec = json.loads(text)
+        except (TypeError, ValueError) as err:
+            raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not valid JSON ({err}): re-create the "
+                                "job") from None
+        if not isinstance(spec, dict) or not isinstance(spec.get("minMember"), int):
+            raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} is not a PodGroup spec with an integer "
+                                "minMember: re-create the job")
+        queue = spec.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} names no queue: re-create the job")
+        return GroupSpec(w.pod_group_name, spec)
+
+    def group_object(self, w: Workload, spec: GroupSpec) -> JSON:
+        return {"apiVersion": self.group_resource.api_version, "kind": self.group_resource.kind,
+                "metadata": child_metadata(w, spec.name), "spec": spec.spec}
+
+    def prerequisite(self, spec: GroupSpec) -> Prerequisite:
+        # Volcano rejects a PodGroup whose queue is missing or not Open: look first.
+        return Prerequisite(api.VOLCANO_QUEUES, str(spec.spec["queue"]))
+
+    def prerequisite_problem(self, spec: GroupSpec, found: Mapping[str, Any] | None) -> str | None:
+        name = spec.spec["queue"]
+        if found is None:
+            return f"Volcano queue {name} does not exist; create it or set queueName in raygate-config"
+        state = str(get(found, ("status", "state")) or "")
+        return None if state == OPEN else f"Volcano queue {name} is {state or 'not reported by Volcano'}, not {OPEN}"
+
+    def drift(self, spec: GroupSpec, actual: Mapping[str, Any]) -> list[str]:
+        """Quantities compared by value: another writer may spell them otherwise."""
+        recorded, have = spec.spec, get(actual, ("spec",)) or {}
+        out = []
+        for key in ("minMember", "queue"):
+            if recorded.get(key) != have.get(key):
+                out.append(f"{key} {recorded.get(key)} -> {have.get(key)}")
+        if (recorded.get("minTaskMember") or {}) != (have.get("minTaskMember") or {}):
+            out.append(f"minTaskMember {recorded.get('minTaskMember') or {}} -> {have.get('minTaskMember') or {}}")
+        if _resources(recorded.get("minResources")) != _resources(have.get("minResources")):
+            out.append(f"minResources {dict(recorded.get('minResources') or {})} -> {have.get('minResources')}")
+        return out
+
+    def rewritten(self, spec: GroupSpec, changes: list[str]) -> str:
+        return (f"PodGroup {spec.name} was rewritten by another writer ({'; '.join(changes)}). KubeRay's own "
+                "Volcano integration (operator flag --batch-scheduler=volcano) updates every PodGroup named "
+                "ray-<name>-pg to its own counts, so Volcano would no longer schedule the gang raygate admitted; "
+                "raygate suspended the job. Where raygate's volcano mode is used, run the KubeRay operator "
+                "without --batch-scheduler (raygate creates the PodGroup), or use provisioning mode")
+
+    def schedules(self, spec: GroupSpec) -> str:
+        return f"PodGroup {spec.name} in Volcano queue {spec.spec['queue']} gang-schedules the pods"
+
+    def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:
+        # Written here rather than by the webhook for a job created with generateName (its name, and so
+        # its PodGroup's, did not exist yet); for any other job it is already in place and adds nothing.
+        for _, path in w.template_paths():
+            b.set((*path, "metadata", "annotations", keys.VOLCANO_GROUP_NAME_ANNOTATION), spec.name)
+
+
+RULES = Volcano()

@@ -1,0 +1,63 @@
+"""API coordinates of every kind raygate reads or writes: group, version, plural, kind.
+
+Pure data, so the modes can name the objects they need (a Volcano PodGroup, its Queue) without
+importing the client; raygate.kube.client turns them into requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from raygate.core import keys
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace)}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name)}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
+EVENTS = Resource("", "v1", "events", "Event")
+PODS = Resource("", "v1", "pods", "Pod")
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+PODTEMPLATES = Resource("", "v1", "podtemplates", keys.ChildKind.POD_TEMPLATE)
+SECRETS = Resource("", "v1", "secrets", "Secret")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+RAYJOBS = Resource(keys.RAY_GROUP, keys.RAY_VERSION, keys.RAYJOB_PLURAL, keys.RAYJOB_KIND)
+RAYCLUSTERS = Resource(keys.RAY_GROUP, keys.RAY_VERSION, keys.RAYCLUSTER_PLURAL, keys.RAYCLUSTER_KIND)
+PODGROUPS = Resource(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION, "podgroups", keys.ChildKind.POD_GROUP)
+VOLCANO_QUEUES = Resource(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION, "queues", "Queue", namespaced=False)
+MUTATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
+    namespaced=False,
+)
+VALIDATING_WEBHOOKS = Resource(
+    "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
+    namespaced=False,
+)
+
+
+def provisioning_requests(version: str) -> Resource:
+    return Resource(keys.PROVREQ_GROUP, version, keys.PROVREQ_PLURAL, keys.ChildKind.PROVISIONING_REQUEST)
+

@@ -1,0 +1,128 @@
+"""The interface every mode implements, and the types the modes share with their callers.
+
+A mode is one class (one module each, as KubeRay keeps one file per batch scheduler) behind
+`ModeRules`: what the webhook adds to a job it admits, what it refuses, and whether raygate holds
+the job or another system admits it. A mode that schedules each gang through a group object the
+reconciler creates (Volcano's PodGroup) also implements the optional `GroupRules`, as Kueue's job
+integrations add capabilities through small extra interfaces. Callers ask the registry
+(`raygate.core.modes`) for a mode's rules and never branch on a mode's name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from raygate.core.api import Resource
+from raygate.core.objects import JSON
+from raygate.core.patch import PatchBuilder
+from raygate.core.workload import Gang, Workload
+
+if TYPE_CHECKING:  # the policy model names its mode; the modes read the policy only through its fields
+    from raygate.core.policy import NamespacePolicy
+
+
+class Mode(StrEnum):
+    PROVISIONING = "provisioning"
+    VOLCANO = "volcano"
+    KUEUE = "kueue"
+
+
+class ModeRules(ABC):
+    """What one mode means; the members with a body are optional (their default is "nothing")."""
+
+    mode: ClassVar[Mode]
+    admitted_by: ClassVar[str] = "raygate"
+    """Who admits (unsuspends) jobs in this mode, as users know it."""
+    holds: ClassVar[bool] = True
+    """raygate suspends the job until it admits it. False: another system admits the job and owns
+    spec.suspend; raygate only labels and validates it."""
+    provisions_by_default: ClassVar[bool] = False
+    """Whether ProvisioningRequests are on when the namespace's config does not say."""
+    decided_labels: ClassVar[frozenset[str]] = frozenset()
+    """Labels this mode decides on (queue, priority); users may not change them on a gated job."""
+    template_annotations: ClassVar[tuple[str, ...]] = ()
+    """Pod-template annotations this mode writes; users may not change them on a gated job."""
+
+    @abstractmethod
+    def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
+        """Add to the job being created what this mode needs (labels, hold, scheduler metadata)."""
+
+    def config_problems(self, policy: NamespacePolicy) -> list[str]:
+        """Why a namespace's policy cannot work in this mode, each saying what to change."""
+        return []
+
+    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
+        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can."""
+        return []
+
+    def stored_problem(self, w: Workload, namespace: str) -> str | None:
+        """Why the job, as it would be stored after every mutating webhook, must not be created."""
+        return None
+
+    def claims(self, labels: Mapping[str, str]) -> bool:
+        """Whether the system that admits in this mode owns an object by its labels alone."""
+        return False
+
+    def held_changes(self, old: Workload, new: Workload) -> list[str]:
+        """Edits a held job may not get in this mode (beyond the guard's own), phrased after "You may not"."""
+        return []
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """The group object a held job gets (its name and spec), as the webhook recorded it."""
+
+    name: str
+    spec: JSON
+
+
+@dataclass(frozen=True)
+class Prerequisite:
+    """An object the group needs before it can be created (Volcano: its Queue, which must be Open)."""
+
+    resource: Resource
+    name: str
+
+
+class GroupRules(ABC):
+    """Optional: a mode that schedules each gang through a group object the reconciler creates, owned
+    by the job, before the job is unsuspended."""
+
+    group_resource: ClassVar[Resource]
+    prerequisite_reason: ClassVar[str] = "PrerequisiteMissing"  # the Event reason while it holds a job
+    rewritten_reason: ClassVar[str] = "GroupRewritten"  # the Event reason when another writer changed the group
+
+    @abstractmethod
+    def recorded(self, w: Workload) -> GroupSpec:
+        """The group the webhook recorded on the job; raises ManifestError when it is missing or unusable."""
+
+    @abstractmethod
+    def group_object(self, w: Workload, spec: GroupSpec) -> JSON:
+        """The object to create."""
+
+    def prerequisite(self, spec: GroupSpec) -> Prerequisite | None:
+        """What to read from the cluster before creating the group."""
+        return None
+
+    def prerequisite_problem(self, spec: GroupSpec, found: Mapping[str, Any] | None) -> str | None:
+        """Why the group cannot be created yet, given the prerequisite as found (None: it does not exist)."""
+        return None
+
+    def drift(self, spec: GroupSpec, actual: Mapping[str, Any]) -> list[str]:
+        """How the group in the cluster differs from the recorded one, in the fields that decide the gang."""
+        return []
+
+    def rewritten(self, spec: GroupSpec, changes: list[str]) -> str:
+        """Why a job whose group another writer changed is stopped, and what to do about it."""
+        return f"{spec.name} was rewritten by another writer ({'; '.join(changes)}); raygate suspended the job"
+
+    def schedules(self, spec: GroupSpec) -> str:
+        """Why a job admitted without a booking is safe to start (its Event and reason say it)."""
+        return f"{self.group_resource.kind} {spec.name} gang-schedules the pods"
+
+    def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:  # noqa: B027 (optional: default none)
+        """What the patch that unsuspends the job writes for the group (pods must never exist without it)."""
