@@ -49,7 +49,7 @@ def _call(app: Flask, stream: io.BytesIO, length: int | None, path: str = "/muta
 
 class _Unreadable(io.BytesIO):
     def read(self, size: int | None = -1) -> bytes:
-        raise AssertionError("a body over the limit must not be read")
+        raise AssertionError("this body must not be read")
 
 
 def test_a_body_over_the_limit_is_refused_unread() -> None:
@@ -57,6 +57,16 @@ def test_a_body_over_the_limit_is_refused_unread() -> None:
     assert status == 413
     assert orjson.loads(body)["error"] == ("request body of 52428800 bytes is larger than the 1000 bytes raygate "
                                            "accepts (--max-request-bytes)")
+
+
+def test_without_a_length_a_body_the_server_does_not_end_is_not_read() -> None:
+    """No Content-Length, no chunked framing the server ends (wsgi.input_terminated): a read could wait
+    on the next request, so nothing is read and the empty body is a bad review."""
+    s = WebhookState(config_source=ConfigSource(None).start())
+    environ: dict[str, Any] = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mutate", "wsgi.input": _Unreadable()}
+    seen: list[str] = []
+    body = b"".join(create_app(s).wsgi_app(environ, lambda status, headers, exc_info=None: seen.append(status)))
+    assert seen == ["400 Bad Request"] and b"error" in body
 
 
 class _Endless(io.BytesIO):

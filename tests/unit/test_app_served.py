@@ -1,6 +1,7 @@
-"""The webhook's Flask app served as `raygate webhook` serves it (gunicorn, the KeepAliveThreadWorker,
-TLS, real sockets): reviews on one kept-alive connection, a chunked review, and a body over the limit,
-answered 413 without being waited for, after which the server closes the connection."""
+"""The webhook's app served as `raygate webhook` serves it (gunicorn, the KeepAliveThreadWorker, TLS,
+real sockets): reviews on one kept-alive connection, answered by the review handler without Flask; a
+chunked review; a body over the limit, answered 413 without being waited for, after which the server
+closes the connection; every other route through Flask."""
 
 from __future__ import annotations
 
@@ -21,14 +22,21 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
-def test_reviews_on_one_kept_alive_connection(server: Server) -> None:
+def test_reviews_on_one_kept_alive_connection_never_reach_flask(server: Server) -> None:
     c = Client(server)
     for i, path in enumerate(["/mutate", "/validate"] * 3):
         c.send(orjson.dumps(review(RayJob(f"job-{i}").obj(), uid=f"u{i}")), path=path)
-        answer = orjson.loads(c.receive())["response"]
+        served = c.answer()
+        assert served.status == 200 and served.headers["content-type"] == "application/json"
+        assert served.headers.get("connection", "").lower() != "close"
+        assert "x-flask" not in served.headers, "a review went through Flask"
+        answer = orjson.loads(served.body)["response"]
         assert answer["uid"] == f"u{i}"
         if path == "/mutate":
             assert answer["allowed"] is True and "patch" in answer
+    c.sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+    health = c.answer()
+    assert (health.status, health.body, health.headers.get("x-flask")) == (200, b"ok", "1")
     c.close()
 
 
@@ -66,10 +74,25 @@ def test_the_connection_still_serves_after_a_bad_review(server: Server) -> None:
     c.close()
 
 
+def test_a_chunked_body_over_the_limit_is_answered_413(server: Server) -> None:
+    c = Client(server)
+    c.sock.sendall(b"POST /validate HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   + b"%x\r\n%s\r\n0\r\n\r\n" % (MAX_BODY + 1, b"x" * (MAX_BODY + 1)))
+    answer = c.answer()
+    assert answer.status == 413 and b"larger than the" in answer.body
+    c.close()
+
+
 def test_unknown_routes_and_methods(server: Server) -> None:
     c = Client(server)
-    c.sock.sendall(b"GET /mutate HTTP/1.1\r\nHost: t\r\n\r\n")
-    assert c.answer().status == 405
+    for method in (b"GET", b"PUT", b"OPTIONS"):
+        c.sock.sendall(b"%s /mutate HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n" % method)
+        wrong = c.answer()
+        assert (wrong.status, wrong.headers["allow"]) == (405, "POST"), method
+        assert "POST" in orjson.loads(wrong.body)["error"]
     c.send(b"{}", path="/nope")
-    assert c.answer().status == 404
+    missing = c.answer()
+    assert (missing.status, missing.headers.get("x-flask")) == (404, "1")
+    c.send(orjson.dumps(review(RayJob("still").obj(), uid="u-still")), path="/validate")
+    assert orjson.loads(c.receive())["response"]["uid"] == "u-still"  # the connection stayed usable
     c.close()
