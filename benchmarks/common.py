@@ -275,6 +275,11 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
+def tree_rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children (a gunicorn master and its workers), in MB."""
+    return sum(status_kb(p, "VmRSS") for p in process_tree(pid)) / 1024
+
+
 # --- the control plane -------------------------------------------------------------------------
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -62,7 +62,7 @@ class Counting:
 def _sampler(pid: int, out: list[float], stop: threading.Event) -> threading.Thread:
     def run() -> None:
         while not stop.wait(0.5):
-            out.append(sum(common.status_kb(p, "VmRSS") for p in common.process_tree(pid)) / 1024)
+            out.append(common.tree_rss_mb(pid))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()

@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, volcano, podgate, fuzz).
+memory, startup, capacity, volcano, podgate, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "volcano",
-                            "podgate", "fuzz", "all"])
+                            "podgate", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
+    so = p.add_argument_group("soak")
+    so.add_argument("--soak-minutes", type=float, default=30.0,
+                    help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "
+                         "(default %(default)s)")
+    so.add_argument("--soak-seed", type=int, default=1, help="seed of the traffic, the fuzz and the kills")
     s = p.add_argument_group("startup")
     s.add_argument("--startup-runs", type=int, default=3, help="warm `raygate dev up --kuberay` runs")
     return p
@@ -90,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         peer_bench,
         podgate_bench,
         reconciler_bench,
+        soak_bench,
         startup_bench,
         volcano_bench,
         webhook_bench,
@@ -99,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
         "capacity": capacity_bench.main, "volcano": volcano_bench.main, "podgate": podgate_bench.main,
-        "fuzz": fuzz.main,
+        "fuzz": fuzz.main, "soak": soak_bench.main,
     }
     names = list(benches) if args.which == "all" else [args.which]
     failed = []

@@ -1,10 +1,11 @@
 """The demo's second act: the Ray autoscaler scales a running cluster up, and raygate books the increment.
 
-A RayCluster with in-tree autoscaling runs one GPU worker. The Ray autoscaler (played here with its own
-identity, the head pod's ServiceAccount, and the patch it makes) asks for one more: the new worker is
-born gated, raygate asks for exactly that increment, and lifts the gate once it is Provisioned. Then it
-asks for two more than the node group can hold: they wait gated, unbound, with the autoscaler's reason
-on the RayCluster, and no node is added for them one by one.
+A RayCluster with in-tree autoscaling starts with no GPU worker, so nothing is booked when it is
+admitted (the case the pod gate exists for). The Ray autoscaler (played here with its own identity,
+the head pod's ServiceAccount, and the patch it makes) asks for one worker: it is born gated, raygate
+asks for exactly that increment, the cluster-autoscaler adds the GPU node, and the gate is lifted.
+Then it asks for two more than the node group can hold: they wait gated, unbound, with the
+autoscaler's reason on the RayCluster, and no node is added for them one by one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ GPUS_PER_WORKER = 2
 
 
 def raycluster(namespace: str) -> dict[str, Any]:
-    """An autoscaling RayCluster as a data scientist writes it: one GPU worker to start, up to 3."""
+    """An autoscaling RayCluster as a data scientist writes it: no GPU worker to start, up to 3."""
     worker = {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": str(GPUS_PER_WORKER)}
     return {
         "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": CLUSTER, "namespace": namespace},
@@ -32,7 +33,7 @@ def raycluster(namespace: str) -> dict[str, Any]:
                 "name": "ray-head", "image": "rayproject/ray:2.46.0",
                 "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}}]}}},
             "workerGroupSpecs": [{
-                "groupName": "gpu", "replicas": 1, "minReplicas": 0, "maxReplicas": 3, "rayStartParams": {},
+                "groupName": "gpu", "replicas": 0, "minReplicas": 0, "maxReplicas": 3, "rayStartParams": {},
                 "template": {"spec": {"containers": [{
                     "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
                     "resources": {"requests": worker, "limits": worker}}]}},
@@ -115,17 +116,20 @@ def act(cp: Any, kube: Any, namespace: str, timeout: float) -> None:
     print(f"\nSecond act: the Ray autoscaler scales {CLUSTER} up; raygate books each increment as a gang of its own.")
     watch = Watch(kube, namespace, time.monotonic())
     kube.create(RAYCLUSTERS, raycluster(namespace), namespace)
-    watch.say("kubectl create", f"raycluster/{CLUSTER} (autoscaling, 1 GPU worker, up to 3)")
-    watch.until(f"{CLUSTER} runs its first worker", lambda w: _running(w, 1), timeout)
+    watch.say("kubectl create", f"raycluster/{CLUSTER} (autoscaling, no GPU worker to start, up to 3)")
+    watch.until(f"{CLUSTER} is admitted with nothing to book",
+                lambda w: (kube.get(RAYCLUSTERS, CLUSTER, namespace)["metadata"].get("labels") or {}).get(
+                    keys.STATE_LABEL) == keys.State.ADMITTED, timeout)
     ray_autoscaler = f"system:serviceaccount:{namespace}:{CLUSTER}"  # the head pod's ServiceAccount
-    for replicas, words in ((2, "one more worker: the node has room, the increment is booked"),
-                            (4, "two more than the node group holds")):
+    for replicas, words in ((1, "one worker: the increment is booked, the autoscaler adds its node"),
+                            (3, "two more than the node group holds")):
         watch.say(f"Ray autoscaler ({CLUSTER} SA)", f"patch replicas={replicas}: {words}")
         cp.kubectl("--as", ray_autoscaler, "patch", "raycluster", CLUSTER, "-n", namespace, "--type", "json", "-p",
                    json.dumps([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": replicas}]))
-        if replicas == 2:
-            watch.until("the new worker is booked, released and runs", lambda w: _running(w, 2), timeout)
+        if replicas == 1:
+            watch.until("the worker is booked, released and runs", lambda w: _running(w, 1), timeout)
     watch.until("the two more wait gated and unbound, with the autoscaler's reason on the RayCluster",
                 lambda w: sum(_gated(p) and not p["spec"].get("nodeName") for p in w) == 2
-                and bool(watch.seen.get(f"raycluster/{CLUSTER}")) and _running(w, 2), timeout, hold=5)
+                and "Provisioned=False" in watch.seen.get(f"raycluster/{CLUSTER}", "") and _running(w, 1), timeout,
+                hold=5)
     print(f"\nDone: {CLUSTER}'s first scale-up was booked and runs; the second waits gated, holding no GPU.")

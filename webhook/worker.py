@@ -11,6 +11,13 @@ same connection and serves it directly. It only waits while another pool thread 
 connection or another readable one is never kept waiting behind a lingering thread; when every
 thread is busy, or nothing arrives in time, the connection goes back to the poller as before.
 Everything else (TLS, HTTP parsing, keep-alive timeouts, graceful stop) is gthread's own.
+
+This leans on gthread internals, read in gunicorn's source: from 24.1 `ThreadWorker.handle()` runs
+on the pool thread and returns True exactly when the connection stays open (22 and 23 return a
+tuple, and the loop below would silently never run), and `conn.parser.unreader.buf` holds what was
+read past the last request. From 26.0 a response sent before its request body was read (the 413)
+costs at most 64 KiB of that body before the connection closes; before, gthread read all of it. So
+the worker runs on gunicorn 26 and 27 only, and refuses to start on any other.
 """
 
 from __future__ import annotations
@@ -19,14 +26,34 @@ import select
 import threading
 from typing import Any
 
+import gunicorn
 from gunicorn.workers.gthread import ThreadWorker
 
 # Covers the client's turn-around on a loaded 2-core node; short enough that a stop or a burst of
 # new connections never notices it.
 LINGER_SECONDS = 0.01
+SUPPORTED_GUNICORN = ((26, 0), (28, 0))  # [from, to): keep in step with the pin in pyproject.toml
+
+
+def check_gunicorn(version: tuple[int, ...]) -> None:
+    low, high = SUPPORTED_GUNICORN
+    if not low <= tuple(version[:2]) < high:
+        raise RuntimeError(
+            f"raygate's webhook worker needs gunicorn >={low[0]}.{low[1]},<{high[0]}.{high[1]} (it relies on "
+            f"gthread internals of those versions, see webhook/worker.py); this is gunicorn "
+            f"{'.'.join(map(str, version))}: install the version pyproject.toml pins"
+        )
 
 
 class KeepAliveThreadWorker(ThreadWorker):  # type: ignore[misc]
+    linger_seconds = LINGER_SECONDS
+
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        # The arbiter calls this before it starts any worker; gunicorn prints the message and exits 1.
+        check_gunicorn(gunicorn.version_info)
+        super().check_config(cfg, log)
+
     def init_process(self) -> None:
         self._handling = 0  # pool threads inside handle(): serving or lingering
         self._handling_lock = threading.Lock()
@@ -58,4 +85,4 @@ class KeepAliveThreadWorker(ThreadWorker):  # type: ignore[misc]
             return False
         poller = select.poll()
         poller.register(conn.sock, select.POLLIN)
-        return bool(poller.poll(LINGER_SECONDS * 1000))
+        return bool(poller.poll(self.linger_seconds * 1000))

@@ -1,9 +1,10 @@
 """`make bench` keeps printing what the project claims: the benchmarks run end to end, small.
 
 The burst and the side-by-side with Kueue run as `make bench` runs them (`python -m benchmarks.run`,
-their own fresh control planes), with a handful of jobs. Nothing here judges a figure: speed lives
-in `make bench`. What is asserted is what a reader of its output relies on: every job was admitted,
-the tables are printed, and the JSON holds the figures they show.
+their own fresh control planes), with a handful of jobs; the soak for 2 minutes instead of 30. Nothing
+here judges a figure: speed and memory live in `make bench`. What is asserted is what a reader of its
+output relies on: every job was admitted, the tables are printed, and the JSON holds the figures they
+show; and for the soak, the invariants it checks (they are correctness, not figures) all hold.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,3 +56,35 @@ def test_the_side_by_side_with_kueue_prints_both_columns_and_what_differs(tmp_pa
     for title in ("raygate and Kueue v", "x raygate", "How each side ran", "Differences and why",
                   "client QPS"):
         assert title in out, f"{title!r} not printed"
+
+
+@pytest.mark.integration
+@pytest.mark.kuberay
+@pytest.mark.timeout(960)  # run_bench gives up after 900 s
+def test_a_short_soak_with_kills_ends_with_every_invariant_holding(tmp_path: Path) -> None:
+    from benchmarks.soak_bench import VIOLATIONS, WATCHED
+
+    out, report = run_bench(tmp_path, "soak", "--soak-minutes", "2")
+    soak = report["soak"]
+    final = soak["final"]
+    assert soak["settled"], f"not quiet after {soak['settle_seconds']}s"
+    assert final["violations"] == dict.fromkeys(VIOLATIONS, 0), final["examples"]
+    assert soak["allowed_that_must_be_refused"] == 0, [t for t in soak["traffic"] if t["result"] == "allowed"]
+    fuzz = soak["fuzz"]["counts"]
+    assert fuzz["sent"] > 0
+    for bad in ("http 5xx", "decisions with code 500", "malformed answers", "patches that fail to apply"):
+        assert fuzz.get(bad, 0) == 0, (bad, soak["fuzz"]["examples"])
+    # It did what it says: objects made and refused, processes killed, and every object made accounted for.
+    assert soak["objects_created"] > 0 and sum(soak["kills"].values()) >= 1, (soak["objects_created"], soak["kills"])
+    assert any(t["action"].startswith("invalid: ") and t["result"] == "refused by raygate" for t in soak["traffic"])
+    counts = final["counts"]
+    accounted = sum(counts.get(k, 0) for k in ("Admitted", "Failed, with a reason", "being deleted",
+                                               "held, waiting for capacity the node group cannot give",
+                                               "gone (deleted by the soak)", "gone (not deleted by the soak)"))
+    assert accounted >= soak["objects_created"], counts
+    assert all(soak["rss"][name]["samples"] > 0 for name in WATCHED), soak["rss"]
+    for title in ("Soak: 2 min of traffic", "Kills (SIGKILL, then restarted)",
+                  "Fuzzed AdmissionReviews sent to the webhook", "At the end (settled in", "RSS (process tree"):
+        assert title in out, f"{title!r} not printed"
+    for what in VIOLATIONS:
+        assert any(line.startswith(f"VIOLATION: {what}") and line.split()[-1] == "0" for line in out.splitlines()), what

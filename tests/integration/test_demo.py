@@ -66,11 +66,11 @@ def assert_the_story(out: str) -> None:
     assert b_pods and all("rayclusters=0  pods=0" in ln for ln in b_pods), b_pods
     assert "cluster-autoscaler (kwok provider)" in out
     # The second act: a scale-up is born gated, booked as a gang of its own, released; the next one waits.
-    scaled = first("patch replicas=2", "Ray autoscaler")
+    scaled = first("patch replicas=1", "Ray autoscaler")
     booked = next(i for i, ln in enumerate(lines) if "provreq/elastic" in ln and "scale-up of 1 pod(s)" in ln
                   and "Provisioned=True" in ln)
     released = max(i for i, ln in enumerate(lines) if "pod/elastic" in ln and "released  Running" in ln)
-    waits = first("patch replicas=4", "Ray autoscaler")
+    waits = first("patch replicas=3", "Ray autoscaler")
     reason = first(f"{keys.SCALE_UP_REASON_ANNOTATION}: 2 pods of pod set gpu wait gated", "raycluster/elastic")
     assert b_running < scaled < booked < released < waits < reason
     assert any("pod/elastic" in ln and "gated" in ln for ln in lines[scaled:booked])

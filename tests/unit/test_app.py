@@ -1,5 +1,6 @@
-"""The Flask shell over the pure decision, through Flask's test client: every route answers, and the
-logging and metrics around a decision never turn an answer into an HTTP 500."""
+"""The webhook app over the pure decision, through Flask's test client: every route answers, reviews
+are answered by the review handler alone (never a Flask request), and the logging and metrics around
+a decision never turn an answer into an HTTP 500."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import base64
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import orjson
 import pytest
 from builders import RayJob, review
+from flask import Flask
 from flask.testing import FlaskClient
 
 from raygate.kube.configsource import ConfigSource
@@ -26,11 +29,39 @@ def state() -> WebhookState:
 
 
 @pytest.fixture
-def client(state: WebhookState, caplog: pytest.LogCaptureFixture) -> Iterator[FlaskClient]:
-    caplog.set_level(logging.INFO, logger="raygate.webhook")
+def app(state: WebhookState) -> Flask:
     app = create_app(state)
     app.config["PROPAGATE_EXCEPTIONS"] = True  # a bug in a route fails the test instead of becoming a 500
+    return app
+
+
+@pytest.fixture
+def client(app: Flask, caplog: pytest.LogCaptureFixture) -> Iterator[FlaskClient]:
+    caplog.set_level(logging.INFO, logger="raygate.webhook")
     yield app.test_client()
+
+
+def test_reviews_are_answered_without_a_flask_request(app: Flask, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The review handler is the one path for /mutate and /validate: Flask has no rule for them and
+    never builds a request context for a review, whatever its outcome; it does for every other route."""
+    assert {r.rule for r in app.url_map.iter_rules()} == {"/healthz", "/readyz", "/metrics"}
+    opened: list[str] = []
+    request_context = app.request_context
+
+    def counted(environ: dict[str, Any]) -> Any:
+        opened.append(environ["PATH_INFO"])
+        return request_context(environ)
+
+    monkeypatch.setattr(app, "request_context", counted)
+    client = app.test_client()
+    good = orjson.dumps(review(RayJob("train").obj(), uid="u1"))
+    assert client.post("/mutate", data=good).status_code == 200
+    assert client.post("/validate", data=good).status_code == 200
+    assert client.post("/mutate", data=b"{not json").status_code == 400
+    assert client.get("/validate").status_code == 405
+    assert opened == []
+    assert client.get("/healthz").status_code == 200 and client.post("/nope").status_code == 404
+    assert opened == ["/healthz", "/nope"]
 
 
 def test_mutate_answers_with_a_patch_and_logs_the_object_at_debug(

@@ -3,105 +3,27 @@ run as `raygate webhook` runs it: gunicorn over TLS, real sockets, an app that e
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+import gunicorn
 import pytest
+from serving import REPO, TIMEOUT, Client, Server, start
 
-from raygate.core import pki
-from raygate.devenv.controlplane import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-TIMEOUT = 20.0  # a connection left unserved this long is a hang, not a slow machine
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    ca_pem: bytes
-
-
-def _start(tmp: Path, threads: int) -> Server:
-    ca = pki.make_ca("worker-test-ca", dt.timedelta(days=1))
-    leaf = pki.make_leaf(ca, "webhook", dt.timedelta(days=1), sans=["127.0.0.1"])
-    (tmp / "tls.crt").write_bytes(leaf.cert_pem)
-    (tmp / "tls.key").write_bytes(leaf.key_pem)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "--worker-class", "raygate.webhook.worker.KeepAliveThreadWorker",
-         "--workers", "1", "--threads", str(threads), "--keep-alive", "30", "--graceful-timeout", "10",
-         "--bind", f"127.0.0.1:{port}", "--certfile", str(tmp / "tls.crt"), "--keyfile", str(tmp / "tls.key"),
-         "tests.apps.echo:app"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE,
-    )
-    server = Server(proc, port, ca.cert_pem)
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            Client(server).close()
-            return server
-        except OSError:
-            if proc.poll() is not None:
-                raise AssertionError(f"gunicorn exited: {proc.stderr.read().decode() if proc.stderr else ''}") from None
-            time.sleep(0.1)
-    raise AssertionError("gunicorn did not start listening")
+from raygate.webhook.worker import SUPPORTED_GUNICORN, check_gunicorn
 
 
 @pytest.fixture
 def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
-    s = _start(tmp_path, getattr(request, "param", 2))
+    s = start(tmp_path, "tests.apps.echo:app", threads=getattr(request, "param", 2))
     yield s
-    if s.proc.poll() is None:
-        s.proc.kill()
-    s.proc.wait()
-
-
-class Client:
-    """One keep-alive TLS connection that fails loudly if the server closes it."""
-
-    def __init__(self, server: Server) -> None:
-        ctx = ssl.create_default_context(cadata=server.ca_pem.decode())
-        raw = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
-        self.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
-        self.buf = b""
-
-    def send(self, *bodies: bytes) -> None:
-        """All requests in one write: pipelined when there are several."""
-        self.sock.sendall(b"".join(
-            b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies))
-
-    def receive(self) -> bytes:
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            self._read()
-        head = self.buf[:end].decode()
-        assert head.startswith("HTTP/1.1 200"), head
-        assert "connection: close" not in head.lower(), head
-        length = next(int(line.split(":")[1]) for line in head.split("\r\n")
-                      if line.lower().startswith("content-length"))
-        while len(self.buf) < end + 4 + length:
-            self._read()
-        body, self.buf = self.buf[end + 4:end + 4 + length], self.buf[end + 4 + length:]
-        return body
-
-    def _read(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise AssertionError("the server closed a keep-alive connection")
-        self.buf += data
-
-    def close(self) -> None:
-        self.sock.close()
+    s.stop()
 
 
 def test_one_connection_serves_many_requests_in_order(server: Server) -> None:
@@ -171,3 +93,53 @@ def test_sigterm_stops_the_server_while_connections_are_kept_alive(server: Serve
     assert server.proc.wait(timeout=TIMEOUT) == 0
     for c in clients:
         c.close()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["one-after-the-other", "pipelined"])
+def test_two_requests_on_one_kept_alive_connection_are_served_by_one_thread(tmp_path: Path, pipelined: bool) -> None:
+    """The worker's point: the thread that answered a request serves the next one on the same
+    connection itself. The app says which thread served it and how often the worker handed a
+    connection to its pool; stock gthread (or a gunicorn whose handle() the worker misreads) hands
+    the connection back to the poller, which hands it to the pool again."""
+    server = start(tmp_path, "tests.apps.threads:app", worker="tests.apps.threads.CountingWorker")
+    try:
+        c = Client(server)
+        if pipelined:
+            c.send(b"first", b"second")
+            answers = [c.answer(), c.answer()]
+        else:
+            c.send(b"first")
+            answers = [c.answer()]
+            c.send(b"second")
+            answers.append(c.answer())
+        c.close()
+    finally:
+        server.stop()
+    assert [a.body for a in answers] == [b"first", b"second"]
+    assert all(a.status == 200 and a.headers["connection"] == "keep-alive" for a in answers)
+    assert answers[0].headers["x-thread"] == answers[1].headers["x-thread"]
+    assert answers[0].headers["x-handoffs"] == answers[1].headers["x-handoffs"]  # no trip through the poller between
+
+
+def test_the_worker_runs_on_the_gunicorn_installed() -> None:
+    check_gunicorn(gunicorn.version_info)
+    low, high = SUPPORTED_GUNICORN
+    pin = f"gunicorn>={low[0]}.{low[1]},<{high[0]}"
+    assert pin in (REPO / "pyproject.toml").read_text(), f"pyproject.toml should pin {pin}, as the worker checks"
+
+
+@pytest.mark.parametrize("version", [(23, 0, 0), (25, 3, 0), (28, 0, 0)])
+def test_the_worker_refuses_to_start_on_another_gunicorn(tmp_path: Path, version: tuple[int, ...]) -> None:
+    """On a gunicorn whose internals differ the worker would quietly lose its point (or worse): gunicorn
+    must stop at start, before any worker runs, and say why."""
+    run = (f"import sys, gunicorn; gunicorn.version_info = {version!r}; "
+           "from gunicorn.app.wsgiapp import run; sys.exit(run())")
+    done = subprocess.run(
+        [sys.executable, "-c", run, "--worker-class", "raygate.webhook.worker.KeepAliveThreadWorker",
+         "--bind", "127.0.0.1:0", "tests.apps.echo:app"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+    assert done.returncode == 1, done
+    wanted = ".".join(map(str, version))
+    assert "needs gunicorn >=26.0,<28.0" in done.stderr and f"this is gunicorn {wanted}" in done.stderr, done.stderr
+    assert "Booting worker" not in done.stderr
