@@ -121,6 +121,9 @@ def act(cp: Any, kube: Any, namespace: str, timeout: float) -> None:
                 lambda w: (kube.get(RAYCLUSTERS, CLUSTER, namespace)["metadata"].get("labels") or {}).get(
                     keys.STATE_LABEL) == keys.State.ADMITTED, timeout)
     ray_autoscaler = f"system:serviceaccount:{namespace}:{CLUSTER}"  # the head pod's ServiceAccount
+    watch.until("KubeRay lets the head's ServiceAccount patch the cluster (its Role for the Ray autoscaler)",
+                lambda w: cp.kubectl("auth", "can-i", "patch", f"rayclusters.ray.io/{CLUSTER}", "-n", namespace,
+                                     "--as", ray_autoscaler, check=False).strip() == "yes", timeout)
     for replicas, words in ((1, "one worker: the increment is booked, the autoscaler adds its node"),
                             (3, "two more than the node group holds")):
         watch.say(f"Ray autoscaler ({CLUSTER} SA)", f"patch replicas={replicas}: {words}")

@@ -293,8 +293,9 @@ def test_the_ray_autoscalers_scale_ups_are_booked_as_gangs_of_their_own(stack: S
     # The Ray autoscaler asks for 2 more workers, as it does: a patch of replicas under the head pod's
     # ServiceAccount (KubeRay names it after the cluster and lets it patch the cluster).
     ray_autoscaler = f"system:serviceaccount:{ns}:elastic"
-    wait(lambda: "elastic" in stack.cluster.kubectl("get", "serviceaccount", "-n", ns, "-o", "name", check=False),
-         30, "KubeRay to make the head's ServiceAccount")
+    wait(lambda: stack.cluster.kubectl("auth", "can-i", "patch", "rayclusters.ray.io/elastic", "-n", ns, "--as",
+                                       ray_autoscaler, check=False).strip() == "yes", 30,
+         "KubeRay to let the head's ServiceAccount patch the cluster")
     t0 = time.monotonic()
     kubectl_as(stack, ray_autoscaler, "patch", "raycluster", "elastic", "-n", ns, "--type", "json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 4}]))
