@@ -69,7 +69,7 @@ def assert_the_story(out: str) -> None:
     scaled = first("patch replicas=1", "Ray autoscaler")
     booked = next(i for i, ln in enumerate(lines) if "provreq/elastic" in ln and "scale-up of 1 pod(s)" in ln
                   and "Provisioned=True" in ln)
-    released = max(i for i, ln in enumerate(lines) if "pod/elastic" in ln and "released  Running" in ln)
+    released = min(i for i, ln in enumerate(lines) if "pod/elastic" in ln and "released  Running" in ln)
     waits = first("patch replicas=3", "Ray autoscaler")
     reason = first(f"{keys.SCALE_UP_REASON_ANNOTATION}: 2 pods of pod set gpu wait gated", "raycluster/elastic")
     assert b_running < scaled < booked < released < waits < reason

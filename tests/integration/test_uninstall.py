@@ -27,7 +27,7 @@ import pytest
 from waiting import wait
 
 from raygate.core import keys
-from raygate.core.api import EVENTS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, provisioning_requests
+from raygate.core.api import EVENTS, PODS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, provisioning_requests
 from raygate.core.objects import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
@@ -37,7 +37,7 @@ from raygate.kube.client import ApiError, Kube
 pytestmark = pytest.mark.integration
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"rg-uninstall-{k}-{SUFFIX}" for k in ("release", "delete", "kueue")}
+NS = {k: f"rg-uninstall-{k}-{SUFFIX}" for k in ("release", "delete", "kueue", "gated")}
 PR = provisioning_requests("v1")
 CONFIG = {
     "defaults": {"mode": "provisioning"},
@@ -108,6 +108,11 @@ class Env:
                                str(self.cluster.kubeconfig), *args], capture_output=True, text=True, check=False)
 
 
+def gated_pods(env: Env, ns: str) -> list[str]:
+    return [p["metadata"]["name"] for p in env.kube.list(PODS, ns).get("items") or []
+            if any(g.get("name") == keys.CAPACITY_GATE for g in p["spec"].get("schedulingGates") or [])]
+
+
 def raygate_keys(obj: JSON) -> list[str]:
     meta = obj["metadata"]
     return [k for k in [*(meta.get("labels") or {}), *(meta.get("annotations") or {})]
@@ -158,6 +163,15 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
         wait(lambda key=key: env.job(NS[key])["metadata"].get("labels", {}).get(keys.STATE_LABEL)  # type: ignore[misc]
              == keys.State.PROVISIONING and len(env.children(NS[key])) == 2, 60,
              f"the job in {NS[key]} held Provisioning with its request and template")
+    # An admitted RayCluster scaled up: its new GPU pods wait gated (no autoscaler answers here).
+    elastic = rayjob("elastic")["spec"]["rayClusterSpec"]
+    elastic["workerGroupSpecs"][0]["replicas"] = 0
+    env.kube.create(RAYCLUSTERS, {"metadata": {"name": "elastic"}, "spec": elastic}, NS["gated"])
+    wait(lambda: env.kube.get(RAYCLUSTERS, "elastic", NS["gated"])["metadata"].get("labels", {}).get(
+        keys.STATE_LABEL) == keys.State.ADMITTED, 60, "the RayCluster admitted with nothing to book")
+    env.kube.patch(RAYCLUSTERS, "elastic", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
+                                             "value": 2}], NS["gated"], content_type="application/json-patch+json")
+    wait(lambda: len(gated_pods(env, NS["gated"])) == 2, 60, "its 2 new GPU pods, born gated")
     kueue_job = env.job(NS["kueue"])
     assert kueue_job["metadata"]["annotations"][keys.MODE_ANNOTATION] == "kueue"
     assert kueue_job["spec"]["suspend"] is True
@@ -214,6 +228,17 @@ def test_held_jobs_survive_uninstall_suspended_and_release_frees_or_deletes_them
     assert "Released" in reasons
     wait(lambda: env.kube.list(RAYCLUSTERS, NS["release"]).get("items"), 60,
          "KubeRay to create the released job's RayCluster")
+
+    # --- gated pods: the dry run lists them, --yes lifts raygate's gate --------------------------------
+    waiting = gated_pods(env, NS["gated"])
+    listed = env.release("-n", NS["gated"])
+    assert listed.returncode == 0, listed.stderr
+    assert all(f"pod/{name}: gated by raygate: lift the gate" in listed.stdout for name in waiting), listed.stdout
+    assert sorted(gated_pods(env, NS["gated"])) == sorted(waiting)
+    lifted = env.release("-n", NS["gated"], "--yes")
+    assert lifted.returncode == 0, lifted.stdout + lifted.stderr
+    assert gated_pods(env, NS["gated"]) == []
+    assert all(f"lifted raygate's gate from pod/{name}" in lifted.stdout for name in waiting), lifted.stdout
 
     # --- delete: the job and its children are gone -----------------------------------------------
     deleted = env.release("-n", NS["delete"], "--delete", "--yes")
