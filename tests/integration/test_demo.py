@@ -87,7 +87,7 @@ def test_demo_runs_again_after_dev_down_on_what_the_first_run_left(bundle: Bundl
     assert processes_mentioning(str(dev)) == []
 
     second = run_demo(dev, "--down")
-    assert "namespace demo held rayjob/train-b from an earlier run: deleting them" in second, second
+    assert "namespace demo held raycluster/elastic from an earlier run: deleting them" in second, second
     # Reported, not asserted: pod GC (40 s quarantine) may in principle get to them first.
     print("\n".join(ln for ln in second.splitlines() if ln.startswith("demo: ")))
     assert_the_story(second)
