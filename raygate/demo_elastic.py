@@ -72,11 +72,7 @@ class Watch:
         from raygate.core.api import RAYCLUSTERS, provisioning_requests
         from raygate.core.conditions import raw_conditions
 
-        workers = self.workers()
-        for p in workers:
-            phase = (p.get("status") or {}).get("phase", "?")
-            where = p["spec"].get("nodeName") or "unbound"
-            self._report(f"pod/{p['metadata']['name']}", f"{'gated' if _gated(p) else 'released'}  {phase}  {where}")
+        # Cause before effect: the requests, then the pods they let run.
         for pr in self.kube.list(provisioning_requests("v1"), self.namespace)["items"]:
             if keys.SCALE_UP_ANNOTATION not in (pr["metadata"].get("annotations") or {}):
                 continue
@@ -85,6 +81,11 @@ class Watch:
                                                           c.get("reason") else "")
                              for t, c in raw_conditions(pr).items() if t in ("Accepted", "Provisioned", "Failed"))
             self._report(f"provreq/{pr['metadata']['name']}", f"scale-up of {count} pod(s)  {said or 'asked'}")
+        workers = self.workers()
+        for p in workers:
+            phase = (p.get("status") or {}).get("phase", "?")
+            where = p["spec"].get("nodeName") or "unbound"
+            self._report(f"pod/{p['metadata']['name']}", f"{'gated' if _gated(p) else 'released'}  {phase}  {where}")
         cluster = self.kube.get(RAYCLUSTERS, CLUSTER, self.namespace)
         reason = (cluster["metadata"].get("annotations") or {}).get(keys.SCALE_UP_REASON_ANNOTATION)
         if reason:
