@@ -1,5 +1,6 @@
 """`raygate status` (also `kubectl raygate status`): the RayJobs and RayClusters raygate holds or has
-failed, read from the cluster, with how long each has waited and why."""
+failed, and the admitted ones whose scale-up waits for a booking, read from the cluster, with how long
+each has waited and why."""
 
 from __future__ import annotations
 
@@ -19,17 +20,18 @@ if TYPE_CHECKING:
     from raygate.kube.client import ApiError, Kube
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
-SELECTOR = f"{keys.STATE_LABEL} in ({','.join(SHOWN_STATES)})"
+SELECTOR = keys.STATE_LABEL  # admitted objects too: one whose scale-up waits is shown with that reason
 COLUMNS = ("NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="list held and failed RayJobs and RayClusters",
+        help="list held and failed RayJobs and RayClusters, and admitted ones whose scale-up waits",
         description="List the RayJobs and RayClusters raygate holds (state Pending or Provisioning) or has "
-        f"failed (state Failed), from the label {keys.STATE_LABEL}: state, attempt, time waiting since "
-        "creation, and the reason. Also runs as `kubectl raygate status`.",
+        f"failed (state Failed), from the label {keys.STATE_LABEL}, and admitted ones whose scale-up waits gated "
+        "for a booking: state, attempt, time waiting since creation, and the reason. Also runs as "
+        "`kubectl raygate status`.",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("-n", "--namespace", default=None,
@@ -84,7 +86,8 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime)
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         state = labels.get(keys.STATE_LABEL, "")
-        if state not in SHOWN_STATES:
+        scale_up = annotations.get(keys.SCALE_UP_REASON_ANNOTATION) if state == keys.State.ADMITTED else None
+        if state not in SHOWN_STATES and not scale_up:
             continue
         # KubeRay's cluster of a RayJob carries the job's labels, but only once the job is Admitted, a state
         # this table leaves out; a held RayCluster that claims a RayJob parent is held in its own right.
@@ -98,7 +101,7 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime)
             attempt=_attempt(annotations.get(keys.ATTEMPT_ANNOTATION)),
             created=created,
             waiting_seconds=max(0, int((now - since).total_seconds())) if since else 0,
-            reason=str(annotations.get(keys.REASON_ANNOTATION, "")),
+            reason=f"scale-up: {scale_up}" if scale_up else str(annotations.get(keys.REASON_ANNOTATION, "")),
             provisioning_request=str(annotations.get(keys.REQUEST_ANNOTATION, "")),
         ))
     return rows

@@ -39,6 +39,15 @@ def test_only_held_and_failed_states_are_rows() -> None:
     assert [r.name for r in held_from("RayJob", objs, NOW)] == ["a", "b", "c"]
 
 
+def test_an_admitted_object_whose_scale_up_waits_is_a_row_with_that_reason() -> None:
+    waiting = obj("elastic", "Admitted", annotations={
+        keys.SCALE_UP_REASON_ANNOTATION: "2 pods of pod set gpu wait gated for a booking: CapacityIsNotFound",
+        keys.REASON_ANNOTATION: "admitted: ProvisioningRequest x is Provisioned"})
+    (row,) = held_from("RayCluster", [waiting, obj("steady", "Admitted")], NOW)
+    assert (row.name, row.state) == ("elastic", "Admitted")
+    assert row.reason == "scale-up: 2 pods of pod set gpu wait gated for a booking: CapacityIsNotFound"
+
+
 def test_row_fields() -> None:
     (row,) = held_from("RayJob", [obj("train", "Provisioning", annotations={
         keys.ATTEMPT_ANNOTATION: "3", keys.REASON_ANNOTATION: "waiting for 4 nvidia.com/gpu",
