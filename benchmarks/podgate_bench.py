@@ -54,10 +54,20 @@ def gpu_pod(i: int) -> JSON:
                                          "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}}}]}}
 
 
+def pod_review(pod: JSON) -> JSON:
+    """The AdmissionReview the API server sends for a pod KubeRay creates."""
+    review = admission_review(pod, uid=str(uuid.uuid4()))
+    core = {"group": "", "version": "v1"}
+    review["request"].update(kind={**core, "kind": "Pod"}, requestKind={**core, "kind": "Pod"},
+                             resource={**core, "resource": "pods"}, requestResource={**core, "resource": "pods"},
+                             userInfo={"username": "system:serviceaccount:ray-system:kuberay-operator"})
+    return review
+
+
 def served(warmup: float, duration: float) -> list[dict[str, Any]]:
     from raygate.devenv import raygate_local
 
-    bodies = [orjson.dumps(admission_review(gpu_pod(i), uid=str(uuid.uuid4()))) for i in range(256)]
+    bodies = [orjson.dumps(pod_review(gpu_pod(i))) for i in range(256)]
     with common.control_plane() as cp:
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
