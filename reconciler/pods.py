@@ -45,6 +45,8 @@ def pod_view(obj: JSON) -> JSON:
         "ownerReferences": meta.get("ownerReferences") or [],
         **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
         "status": {"phase": get(obj, ("status", "phase"))}}
+    if (group := get(obj, ("spec", "schedulingGroup"))) is not None:
+        view["spec"] = {"schedulingGroup": group}  # the gang group it joined (native mode)
     if podgate.gated(obj):
         view["spec"] = obj.get("spec")
         view["metadata"]["labels"] = {**labels}
