@@ -99,8 +99,9 @@ class Native(ModeRules, GroupRules):
                 "(Workload and PodGroup) when raygate started. On Kubernetes 1.36 start kube-apiserver with "
                 f"{' '.join(keys.GANG_APISERVER_FLAGS)}, kube-controller-manager with "
                 f"{' '.join(keys.GANG_CONTROLLER_MANAGER_FLAGS)} and kube-scheduler with "
-                f"{' '.join(keys.GANG_SCHEDULER_FLAGS)} (1.37 serves v1beta1 by default), then restart raygate's "
-                "webhook and reconciler; or choose another mode (provisioning, volcano)"]
+                f"{' '.join(keys.GANG_SCHEDULER_FLAGS)} (on 1.37 the API is v1beta1: raygate uses whichever is "
+                "served), then restart raygate's webhook and reconciler; or choose another mode (provisioning, "
+                "volcano)"]
 
     # --- at creation (webhook) ------------------------------------------------------------------
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
