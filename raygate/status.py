@@ -213,7 +213,10 @@ def _pod_groups(kube: Kube, namespace: str | None) -> list[JSON]:
     from raygate.kube import discovery
     from raygate.kube.client import ApiError
 
-    version = discovery.served(kube).gang_version
+    try:
+        version = discovery.served(kube).gang_version
+    except ApiError as err:
+        raise _explain(err, kube, gang_pod_groups("v1alpha2"), namespace) from None
     if version is None:
         return []
     res = gang_pod_groups(version)

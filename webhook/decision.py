@@ -167,8 +167,7 @@ def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:
                 b.remove(path)
     for _, template in w.template_paths():
         # The booking a pod consumes, and the gang group the pod webhook puts it in, are raygate's to write.
-        for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION, keys.GANG_GROUP_ANNOTATION,
-                    keys.GANG_SEATS_ANNOTATION):
+        for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION, keys.GANG_GROUP_ANNOTATION):
             b.remove((*template, "metadata", "annotations", key))
 
 

@@ -1,5 +1,5 @@
 """What a review is decided against: the live config, the namespace labels, the DRA claim templates and
-the pods in gang groups, kept current by watches so that answering a review never calls the API server."""
+raygate's gang groups, kept current by watches so that answering a review never calls the API server."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from raygate.kube.client import Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.webhook import metrics
-from raygate.webhook.gangs import GangMembers
+from raygate.webhook.gangs import GangGroups
 
 log = logging.getLogger("raygate.webhook")
 
@@ -27,7 +27,7 @@ class WebhookState:
     config_source: ConfigSource
     namespaces: Informer | None = None  # None: offline (tests, `raygate explain`): every namespace opted in
     claim_templates: Informer | None = None  # None: offline, or the cluster serves no DRA: none is seen
-    gangs: GangMembers | None = None  # None: offline, or the cluster serves no gang scheduling: no pod is in a group
+    gangs: GangGroups | None = None  # None: offline, or the cluster serves no gang scheduling: no group is known
     certificate_loaded: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -58,8 +58,8 @@ class WebhookState:
             missing.append("namespace cache")
         if self.claim_templates is not None and not self.claim_templates.synced.is_set():
             missing.append("ResourceClaimTemplate cache")
-        if self.gangs is not None:
-            missing += [f"{i.resource.plural} cache" for i in self.gangs.informers() if not i.synced.is_set()]
+        if self.gangs is not None and not self.gangs.informer.synced.is_set():
+            missing.append("PodGroup cache")
         if not self.certificate_loaded.is_set():
             missing.append("certificate")
         return missing
@@ -76,7 +76,7 @@ class WebhookState:
         claims = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=600, transform=dra.template_view).start()
                   if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
         served = discovery.served(kube)  # a config whose mode this cluster cannot run is rejected
-        gangs = GangMembers(kube, served).start() if served.gang_version is not None else None
+        gangs = GangGroups(kube, served).start() if served.gang_version is not None else None
         source = ConfigSource(kube, namespace, on_result=result, served=served).start()
         return cls(config_source=source, namespaces=informer, claim_templates=claims, gangs=gangs)
 

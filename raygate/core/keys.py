@@ -114,12 +114,11 @@ GANG_RESOURCES = ("workloads", "podgroups")  # both must be served (scheduling.k
 GANG_TEMPLATE = "gang"  # the one PodGroupTemplate of the Workload raygate makes
 GANG_PROTECTION_FINALIZER = "scheduling.k8s.io/podgroup-protection"  # kept until the group's pods are terminal
 GANG_SCHEDULED_CONDITION = "PodGroupScheduled"  # set by kube-scheduler on the PodGroup
-# On a pod template of a job admitted in native mode (the reconciler writes them in the patch that unsuspends
-# it): the PodGroup its pods join, and how many pods of that pod set the gang counts. The pod webhook reads
-# them from the pod at CREATE and writes spec.schedulingGroup.podGroupName (KubeRay's CRDs prune that field
-# from templates, and it is immutable once the pod exists).
+# On a pod template of a job admitted in native mode (the reconciler writes it in the patch that unsuspends
+# it): the PodGroup its pods join. The pod webhook reads it from the pod at CREATE and writes
+# spec.schedulingGroup.podGroupName (KubeRay's CRDs prune that field from templates, and it is immutable
+# once the pod exists).
 GANG_GROUP_ANNOTATION = f"{DOMAIN}/gang-group"
-GANG_SEATS_ANNOTATION = f"{DOMAIN}/gang-seats"
 POD_GROUP_NAME_PATH = ("spec", "schedulingGroup", "podGroupName")  # where a pod names its PodGroup
 # What a cluster needs to serve and run it (Kubernetes 1.36), as the flags of each component.
 GANG_APISERVER_FLAGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1alpha2=true")

@@ -16,6 +16,8 @@ made, either none of the pods that name it is bound, or at least minCount are.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -132,6 +134,13 @@ def until(fetch: Callable[[], list[JSON]], ok: Callable[[list[JSON]], bool], tim
     return result
 
 
+def raygate(*args: str) -> str:
+    proc = subprocess.run([str(Path(sys.executable).parent / "raygate"), *args], capture_output=True, text=True,
+                          check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def bound(pods: list[JSON]) -> list[str]:
     return sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName"))
 
@@ -221,6 +230,12 @@ def test_a_gang_of_which_only_three_pods_fit_binds_none_and_all_once_a_node_appe
     assert all((p.get("status") or {}).get("phase") == "Pending" for p in stack.ray_pods(ns, "four"))
     assert not [p for p in stack.kube.list(PODS).get("items") or []
                 if p["spec"].get("nodeName") == f"static-a-{SUFFIX}"], "no GPU of the node bound"
+    # What the on-call engineer sees: the admitted cluster, its PodGroup and the scheduler's verdict.
+    (row,) = json.loads(raygate("status", "-n", ns, "-o", "json", "--kubeconfig", str(stack.cluster.kubeconfig))
+                        )["items"]
+    assert (row["name"], row["state"]) == ("four", "Admitted")
+    assert [(g["name"], g["minCount"], g["scheduled"], g["reason"]) for g in row["podGroups"]] == [
+        (name, 5, "False", "Unschedulable")]
 
     stack.add_node(f"static-b-{SUFFIX}", pool, gpus=1)
     placed = until(lambda: stack.ray_pods(ns, "four"), lambda found: len(bound(found)) == 5, 120,
@@ -229,6 +244,8 @@ def test_a_gang_of_which_only_three_pods_fit_binds_none_and_all_once_a_node_appe
     on = sorted(p["spec"]["nodeName"] for p in placed if gpu(p))
     assert on == [f"static-a-{SUFFIX}"] * 3 + [f"static-b-{SUFFIX}"]
     print(f"\n3 of 4 fit: PodGroup Unschedulable, nothing bound; a node later: {on}")
+    out = raygate("status", "-n", ns, "--kubeconfig", str(stack.cluster.kubeconfig))
+    assert out.startswith("No held or failed"), out  # bound whole: nothing to say
     stack.delete(ns, keys.RAYCLUSTER_KIND, "four")  # and nothing of raygate's is left behind
     for n in ("a", "b"):
         stack.cluster.kubectl("delete", "node", f"static-{n}-{SUFFIX}")
@@ -324,6 +341,9 @@ def test_kuberays_samples_run_unchanged_in_native_mode(stack: Stack, sample: str
     text = (SAMPLES / sample).read_text()
     obj = yaml.safe_load(text)
     name = obj["metadata"]["name"]
+    explained = json.loads(raygate("explain", "-f", str(SAMPLES / sample), "--mode", "native", "-o", "json",
+                                   "--kubeconfig", str(stack.cluster.kubeconfig)))
+    assert "scheduling.k8s.io/v1alpha2, as this cluster serves it" in explained["groups"]["summary"]
     stack.cluster.kubectl("create", "-n", ns, "-f", str(SAMPLES / sample))
     stack.wait_state(ns, kind, name, "Admitted")  # CPU only: nothing to book
     group = stack.gang_group(ns, name)

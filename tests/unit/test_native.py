@@ -193,8 +193,7 @@ def test_without_provisioning_the_group_is_made_and_the_job_admitted_with_its_po
     name = RULES.recorded(w).name
     spec = after["spec"]["rayClusterSpec"]
     head, worker = spec["headGroupSpec"]["template"], spec["workerGroupSpecs"][0]["template"]
-    assert head["metadata"]["annotations"] == {keys.GANG_GROUP_ANNOTATION: name, keys.GANG_SEATS_ANNOTATION: "1"}
-    assert worker["metadata"]["annotations"] == {keys.GANG_GROUP_ANNOTATION: name, keys.GANG_SEATS_ANNOTATION: "4"}
+    assert head["metadata"]["annotations"] == worker["metadata"]["annotations"] == {keys.GANG_GROUP_ANNOTATION: name}
     assert "kube-scheduler bind its 5 pods together" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
 
@@ -257,20 +256,18 @@ def test_a_finished_job_deletes_its_workload_and_pod_groups(status: dict[str, An
 # --- the pod webhook: every pod of the gang in its group ----------------------------------------------
 
 class Members:
-    def __init__(self, counts: dict[tuple[str, str], int] | None = None, groups: set[str] | None = None) -> None:
-        self.counts, self.groups = counts or {}, groups or set()
-
-    def count(self, namespace: str, group: str, pod_set: str) -> int:
-        return self.counts.get((group, pod_set), 0)
+    def __init__(self, groups: set[str] | None = None, scheduled: set[str] | None = None) -> None:
+        self.groups, self.bound = (groups or set()) | (scheduled or set()), scheduled or set()
 
     def exists(self, namespace: str, group: str) -> bool:
         return group in self.groups
 
+    def scheduled(self, namespace: str, group: str) -> bool:
+        return group in self.bound
 
-def pod(group: str | None = "g", seats: str | None = "2", pod_set: str = "gpu", gpu: bool = True,
-        name: str = "p") -> dict[str, Any]:
-    annotations = {k: v for k, v in ((keys.GANG_GROUP_ANNOTATION, group), (keys.GANG_SEATS_ANNOTATION, seats))
-                   if v is not None}
+
+def pod(group: str | None = "g", pod_set: str = "gpu", gpu: bool = True, name: str = "p") -> dict[str, Any]:
+    annotations = {keys.GANG_GROUP_ANNOTATION: group} if group is not None else {}
     resources = {"limits": GPU} if gpu else {"requests": CPU}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "ns", "annotations": annotations,
@@ -283,15 +280,13 @@ def inc(n: int, pod_set: str = "gpu") -> str:
 
 
 @pytest.mark.parametrize(("case", "p", "gated", "members", "want"), [
-    ("first_pods_of_the_gang", pod(), True, Members(), "g"),
-    ("last_seat_of_the_gang", pod(), True, Members({("g", "gpu"): 1}), "g"),
-    ("beyond_the_seats_a_scale_up_opens_an_increment", pod(), True, Members({("g", "gpu"): 2}), inc(1)),
-    ("joins_the_increment_still_open", pod(), True, Members({("g", "gpu"): 2, (inc(1), "gpu"): 1}), inc(1)),
-    ("a_made_increment_is_closed", pod(), True, Members({("g", "gpu"): 2}, {inc(1)}), inc(2)),
-    ("seats_counted_per_pod_set", pod(pod_set="other"), True, Members({("g", "gpu"): 5}), "g"),
-    ("a_pod_not_gated_stays_in_the_gang_group", pod(gpu=False), False, Members({("g", "gpu"): 9}), "g"),
-    ("unreadable_seats_stay_in_the_gang_group", pod(seats="x"), True, Members({("g", "gpu"): 9}), "g"),
-    ("no_group_no_stamp", pod(group=None), True, Members(), None),
+    ("pods_of_a_gang_not_bound_yet_join_it", pod(), True, Members({"g"}), "g"),
+    ("even_before_its_group_is_in_the_cache", pod(), True, Members(), "g"),
+    ("once_the_gang_is_bound_a_gated_pod_opens_an_increment", pod(), True, Members(scheduled={"g"}), inc(1)),
+    ("a_made_increment_is_closed", pod(), True, Members({inc(1)}, scheduled={"g"}), inc(2)),
+    ("increments_per_pod_set", pod(pod_set="other"), True, Members({inc(1)}, scheduled={"g"}), inc(1, "other")),
+    ("a_pod_not_gated_stays_in_the_gang_group", pod(gpu=False), False, Members(scheduled={"g"}), "g"),
+    ("no_group_no_stamp", pod(group=None), True, Members(scheduled={"g"}), None),
 ])
 def test_the_pod_webhook_names_the_group_a_pod_joins(case: str, p: dict[str, Any], gated: bool,
                                                      members: Members, want: str | None) -> None:
@@ -318,7 +313,7 @@ def test_the_head_is_named_into_its_group_without_a_gate_and_static_pools_gate_n
     d = webhook.mutate(request(pod(gpu=False, pod_set="headgroup")), OPTED_IN, native_config())
     assert d.outcome == "grouped" and [op["path"] for op in d.patch] == ["/spec/schedulingGroup"]
     static = native_config(provisioning={"enabled": False})
-    d = webhook.mutate(request(pod()), OPTED_IN, static, members=Members({("g", "gpu"): 9}))
+    d = webhook.mutate(request(pod()), OPTED_IN, static, members=Members(scheduled={"g"}))
     assert d.outcome == "grouped"  # not gated, so never a scale-up's: growth is refused where nothing is booked
     assert jsonpatch.apply_patch(pod(), d.patch)["spec"]["schedulingGroup"] == {"podGroupName": "g"}
 
@@ -339,7 +334,7 @@ def test_a_user_cannot_write_the_gang_annotations_on_pod_templates() -> None:
     w = RayJob("train", "ns").head(requests=CPU).worker("gpu", replicas=1, limits=GPU).shutdown_after_finish(True)
     obj = w.obj()
     obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"].setdefault("metadata", {})["annotations"] = {
-        keys.GANG_GROUP_ANNOTATION: "someone-elses", keys.GANG_SEATS_ANNOTATION: "0"}
+        keys.GANG_GROUP_ANNOTATION: "someone-elses"}
     d = webhook.mutate(request(obj), OPTED_IN, native_config())
     stored = jsonpatch.apply_patch(obj, d.patch)
     template = stored["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
@@ -436,3 +431,13 @@ def test_an_increment_none_of_whose_pods_is_left_goes() -> None:
 
 def test_the_recorded_group_spec_is_the_gang_now() -> None:
     assert RULES.recorded(job()) == GroupSpec(native.group_name(job(), 5), {"minCount": 5})
+
+
+@pytest.mark.parametrize(("status", "scheduled"), [(None, False), ("False", False), ("True", True)])
+def test_the_webhook_reads_from_a_pod_group_whether_its_gang_is_bound(status: str | None, scheduled: bool) -> None:
+    from raygate.webhook.gangs import group_view
+
+    conds = [] if status is None else [{"type": keys.GANG_SCHEDULED_CONDITION, "status": status}]
+    view = group_view({"metadata": {"name": "g", "namespace": "ns", "uid": "x"}, "spec": {"minCount": 5},
+                       "status": {"conditions": conds}})
+    assert view == {"metadata": {"name": "g", "namespace": "ns"}, "scheduled": scheduled}

@@ -95,24 +95,24 @@ class Prerequisite:
 
 
 class Members(Protocol):
-    """The pods that already joined a group, as the pod webhook's cache holds them (no API call)."""
-
-    def count(self, namespace: str, group: str, pod_set: str) -> int:
-        """Pods of `pod_set` that name `group` and still run (not deleted, not finished)."""
-        ...
+    """The groups raygate made, as the pod webhook's cache holds them (no API call while answering)."""
 
     def exists(self, namespace: str, group: str) -> bool:
         """Whether a group object of that name exists (raygate made it; it may be going)."""
         ...
 
+    def scheduled(self, namespace: str, group: str) -> bool:
+        """Whether the scheduler has bound that group's gang (its pods from now on are not the gang's)."""
+        ...
+
 
 class NoMembers:
-    """Offline (`raygate explain`, tests): no pod is known."""
-
-    def count(self, namespace: str, group: str, pod_set: str) -> int:
-        return 0
+    """Offline (`raygate explain`, tests): no group is known."""
 
     def exists(self, namespace: str, group: str) -> bool:
+        return False
+
+    def scheduled(self, namespace: str, group: str) -> bool:
         return False
 
 

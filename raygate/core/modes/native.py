@@ -10,14 +10,16 @@ gang binds whole even when something else takes part of that room first.
 
 Pods name their group in `spec.schedulingGroup.podGroupName`, which is immutable once the pod exists
 and which KubeRay v1.6.2's CRDs prune from pod templates. So the patch that unsuspends the job writes
-the group's name (and how many pods of each pod set the gang counts) as annotations on every pod
-template of the gang, and the pod webhook copies it into each pod at CREATE (`pod_patch`).
+the group's name as an annotation on every pod template of the gang, and the pod webhook copies it into
+each pod at CREATE (`pod_patch`).
 
 Both objects are immutable in v1alpha2: the group is named after its `minCount`, so a held job whose
-gang changes gets new ones (the reconciler deletes the old). Elastic growth: a GPU pod beyond the seats
-its pod set has in the gang is a scale-up's (gated, booked by a request of its own); the pod webhook
-names a group of its own for it, one per increment (`increment_name`), and the reconciler creates that
-PodGroup, with minCount = the pods it releases into it together, before it lifts their gates.
+gang changes gets new ones (the reconciler deletes the old). Elastic growth: once kube-scheduler has
+bound the gang (its PodGroup's PodGroupScheduled is True), a new GPU pod is a scale-up's (gated, booked
+by a request of its own); the pod webhook names a group of its own for it, one per increment
+(`increment_name`: the first whose PodGroup does not exist yet), and the reconciler creates that
+PodGroup, with minCount = the pods it releases into it together, before it lifts their gates. Before
+the gang is bound every pod joins the gang's group, so no pod the gang counts on can ever be elsewhere.
 """
 
 from __future__ import annotations
@@ -70,23 +72,11 @@ def increment_name(group: str, pod_set: str, n: int) -> str:
     return f"{group}-{_hash(group, pod_set, length=6)}-{n}"
 
 
-def gang_seats(w: Workload) -> dict[str, int]:
-    """Per pod template (by task name): how many of its pods the gang counts."""
-    return {p.name: p.count for p in w.gang().pod_sets if p.in_min_member}
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(str(value))
-    except ValueError:
-        return None
-
-
 class Native(ModeRules, GroupRules):
     mode = Mode.NATIVE
     admitted_by = "raygate"
     provisions_by_default = True
-    template_annotations = (keys.GANG_GROUP_ANNOTATION, keys.GANG_SEATS_ANNOTATION)
+    template_annotations = (keys.GANG_GROUP_ANNOTATION,)
     group_kinds = (ChildKind.WORKLOAD, ChildKind.GANG_POD_GROUP)
     kept_on_release = False  # the templates name the group only from admission on, through raygate's pod webhook
 
@@ -161,13 +151,11 @@ class Native(ModeRules, GroupRules):
         return f"PodGroup {spec.name} has kube-scheduler bind its {spec.spec['minCount']} pods together or not at all"
 
     def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:
-        """The group's name and each pod set's seats on the gang's pod templates (not the submitter's), for the
-        pod webhook to copy into every pod: written in the patch that unsuspends, so no pod is made without."""
-        seats = gang_seats(w)
+        """The group's name on the gang's pod templates (not the submitter's: it starts after the cluster), for
+        the pod webhook to copy into every pod: written in the patch that unsuspends, so no pod is made without."""
         for task, path in w.template_paths():
             if task != keys.SUBMITTER_TASK:
                 b.set((*path, "metadata", "annotations", keys.GANG_GROUP_ANNOTATION), spec.name)
-                b.set((*path, "metadata", "annotations", keys.GANG_SEATS_ANNOTATION), str(seats.get(task, 0)))
 
     def describe(self, spec: GroupSpec, served: Served) -> str:
         where = (f"{keys.GANG_GROUP}/{served.gang_version}, as this cluster serves it" if served.gang_version else
@@ -187,16 +175,14 @@ class Native(ModeRules, GroupRules):
         if group is None:
             return  # not a pod of a gang raygate admitted in native mode
         name = group
-        seats = _int(get(pod, ("metadata", "annotations", keys.GANG_SEATS_ANNOTATION)))
-        if gated and seats is not None:
-            # A gated pod beyond its pod set's seats in the gang is a scale-up's: it joins the increment
-            # still open (its PodGroup not made yet: made when its pods are released, booked), bound whole.
+        if gated and members.scheduled(namespace, group):
+            # The gang is bound: a gated pod now is a scale-up's (or a restart's). It joins the increment still
+            # open, whose PodGroup is made when its pods are released into their booking, and binds with them.
             pod_set = pod_set_of(pod)
-            if members.count(namespace, group, pod_set) >= seats:
-                n = 1
-                while members.exists(namespace, increment_name(group, pod_set, n)):
-                    n += 1
-                name = increment_name(group, pod_set, n)
+            n = 1
+            while members.exists(namespace, increment_name(group, pod_set, n)):
+                n += 1
+            name = increment_name(group, pod_set, n)
         b.set(("spec", "schedulingGroup"), {"podGroupName": name})
 
     def pod_problem(self, pod: Mapping[str, Any]) -> str | None:
