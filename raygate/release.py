@@ -145,7 +145,7 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
         skip = _skip_reason(annotations, labels)
         if skip:
             item.action, item.why = "skip", skip
-        elif delete or group is None or not group.kept_on_release:
+        elif delete or group is None or not group.named_at_creation:
             item.delete_children = mine
         else:
             kind_of_group = group.group_kinds[0]

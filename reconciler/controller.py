@@ -446,6 +446,8 @@ class Controller:
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
+            elif isinstance(action, decision.PatchChild):
+                self._patch_child(key[1], action)
             elif isinstance(action, decision.ReleasePod):
                 releases.append(self._side.submit(self._release, key[1], action))
             elif isinstance(action, decision.Emit):
@@ -481,6 +483,20 @@ class Controller:
             self._created[ck] = child_view(created)
         return True
 
+    def _patch_child(self, namespace: str, action: decision.PatchChild) -> None:
+        """Record something on a child (gone already: nothing to record)."""
+        res = self.child_resources.get(action.kind)
+        if res is None:
+            return
+        try:
+            patched = self.kube.patch(res, action.name, list(action.ops), namespace, content_type=JSON_PATCH)
+        except ApiError as err:
+            if err.not_found:
+                return
+            raise
+        with self._lock:
+            self._created[(action.kind, namespace, action.name)] = child_view(patched)
+
     def _delete(self, namespace: str, action: decision.Delete) -> None:
         res = self.child_resources.get(action.kind)
         if res is None:
@@ -506,6 +522,8 @@ class Controller:
                          for kind in sorted(self.group_kinds) for g in kids.get(kind, ())),
             pods=self.pods.pods_of(key, policy, self._claim_template) if key and policy else (),
             served=self.served,
+            bound={meta_str(g, "name"): self.pods.bound(namespace, meta_str(g, "name"))
+                   for kind in self.group_kinds for g in kids.get(kind, ())},
         )
 
     def _release(self, namespace: str, action: decision.ReleasePod) -> None:

@@ -23,7 +23,7 @@ from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
+from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, recorded_mode, rules_for
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
@@ -65,7 +65,7 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     if state == keys.State.ADMITTED:
         return _admitted(w, obs, policy, now, provreq_version)
     if state == keys.State.FAILED:
-        actions = delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
+        actions = [*delete_all(obs), *_stopped_groups(w, obs)]  # finishes a give-up interrupted before its deletes
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
     return Plan(outcome=Outcome.UNKNOWN_STATE)
 
@@ -95,7 +95,18 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
         Emit(event_reason, f"{message}. {held}; {restart}", warning=True,
              name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
     ]
-    return Plan([*actions, *delete_all(obs)], outcome=Outcome.FAILED)
+    return Plan([*actions, *delete_all(obs), *_stopped_groups(w, obs)], outcome=Outcome.FAILED)
+
+
+def _stopped_groups(w: Workload, obs: Observed) -> list[Action]:
+    """A stopped job's group objects where its pods name one per admission (native mode): a new start makes
+    its own, and the stopped one's record of a bound gang must not reach it. (Volcano's are kept: its pod
+    templates name the group from creation on.)"""
+    mode = recorded_mode(w.annotations)
+    rules = group_rules(mode) if mode is not None else None
+    if rules is None or rules.named_at_creation:
+        return []
+    return [Delete(rules.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
 
 
 def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
@@ -168,6 +179,15 @@ class PatchJob:
 
 
 @dataclass(frozen=True)
+class PatchChild:
+    """A JSON patch of a child raygate made (what it records on a group object)."""
+
+    kind: ChildKind
+    name: str
+    ops: tuple[PatchOp, ...]
+
+
+@dataclass(frozen=True)
 class ReleasePod:
     """Lift raygate's gate from a pod, naming the booking it consumes (a JSON patch that tests the gate)."""
 
@@ -183,7 +203,7 @@ class Emit:
     name: str | None = None  # deterministic, so a replay records no second Event
 
 
-Action = Create | Delete | PatchJob | ReleasePod | Emit
+Action = Create | Delete | PatchJob | PatchChild | ReleasePod | Emit
 
 
 @dataclass
@@ -211,6 +231,7 @@ class Observed:
     groups: tuple[JSON, ...] = ()
     prerequisite: JSON | None = None  # a group still to create: its prerequisite as read (None: missing)
     served: Served = OFFLINE  # what the cluster serves (discovery, when the reconciler started)
+    bound: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # group -> Ray cluster -> bound pods
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if _name(r) == name), None)
@@ -567,6 +588,8 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
                     made=made if rules is not None else None, closing=closing)
     if rules is not None:
         plan.actions += _increments(w, obs, rules, g, made)
+        plan.actions += [PatchChild(rules.kind_of(grp), _name(grp), tuple(ops)) for grp in obs.groups
+                         if not _deleting(grp) and (ops := rules.marks(grp, obs.bound.get(_name(grp), {})))]
         if any(p.group in closing for p in obs.pods if p.gated):
             plan.requeue(GROUP_GONE_RECHECK_SECONDS)  # its pods are released into the group made again
     classes = {_name(r): str(get(r, ("spec", "provisioningClassName")) or "") for r in every}

@@ -2,16 +2,16 @@
 webhook decides which group a pod joins without an API call (raygate.core.modes.native says how).
 
 Only where the cluster serves Kubernetes' gang scheduling (scheduling.k8s.io Workload and PodGroup), and
-only raygate's own PodGroups (label app.kubernetes.io/managed-by=raygate): their names, and whether
-kube-scheduler has bound each one's gang (condition PodGroupScheduled). No pod is read.
+only raygate's own PodGroups (label app.kubernetes.io/managed-by=raygate): their names, and the Ray
+cluster whose gang kube-scheduler bound in each, as the reconciler records it (annotation
+raygate.io/gang-bound). No pod is read.
 """
 
 from __future__ import annotations
 
 from raygate.core import keys
 from raygate.core.api import Served, gang_pod_groups
-from raygate.core.conditions import conditions
-from raygate.core.objects import JSON, meta_str
+from raygate.core.objects import JSON, get, meta_str
 from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 
@@ -19,10 +19,10 @@ MANAGED = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
 
 
 def group_view(group: JSON) -> JSON:
-    """What the webhook needs of a PodGroup: its name, and whether its gang is bound."""
-    scheduled = conditions(group).get(keys.GANG_SCHEDULED_CONDITION)
+    """What the webhook needs of a PodGroup: its name, and the Ray cluster whose gang is bound in it."""
+    bound = get(group, ("metadata", "annotations", keys.GANG_BOUND_ANNOTATION))
     return {"metadata": {"name": meta_str(group, "name"), "namespace": meta_str(group, "namespace")},
-            "scheduled": scheduled is not None and scheduled.true}
+            "bound": bound if isinstance(bound, str) and bound else None}
 
 
 class GangGroups:
@@ -41,6 +41,7 @@ class GangGroups:
     def exists(self, namespace: str, group: str) -> bool:
         return self.informer.get(namespace, group) is not None
 
-    def scheduled(self, namespace: str, group: str) -> bool:
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
         found = self.informer.get(namespace, group)
-        return found is not None and found.get("scheduled") is True
+        bound = found.get("bound") if found is not None else None
+        return bound if isinstance(bound, str) else None

@@ -119,6 +119,10 @@ GANG_SCHEDULED_CONDITION = "PodGroupScheduled"  # set by kube-scheduler on the P
 # spec.schedulingGroup.podGroupName (KubeRay's CRDs prune that field from templates, and it is immutable
 # once the pod exists).
 GANG_GROUP_ANNOTATION = f"{DOMAIN}/gang-group"
+# On the gang's PodGroup (native mode; the reconciler writes it): the Ray cluster whose gang kube-scheduler
+# bound, minCount of its pods at once. From then on the pod webhook puts that cluster's new gated pods (a
+# scale-up, a restart) into PodGroups of their own; another cluster's (a RayJob's retry) still join the gang's.
+GANG_BOUND_ANNOTATION = f"{DOMAIN}/gang-bound"
 POD_GROUP_NAME_PATH = ("spec", "schedulingGroup", "podGroupName")  # where a pod names its PodGroup
 # What a cluster needs to serve and run it (Kubernetes 1.36), as the flags of each component.
 GANG_APISERVER_FLAGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1alpha2=true")

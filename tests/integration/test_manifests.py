@@ -439,6 +439,7 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "list watch", (RAYJOBS, RAYCLUSTERS, "provisioningrequests.autoscaling.x-k8s.io", "podtemplates",
                                   "podgroups.scheduling.volcano.sh"), ALL),
     *_cases((RC,), "get list watch create delete", (GANG_WORKLOADS, GANG_PODGROUPS), ML),
+    *_cases((RC,), "patch", (GANG_PODGROUPS,), ML),  # the record of the bound gang, an annotation
     *_cases((RC,), "list watch", (GANG_WORKLOADS, GANG_PODGROUPS), ALL),
     *_cases((RC,), "get list watch", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "create patch", EVENTS, ML),
@@ -482,7 +483,8 @@ DENIED: list[Case] = [
     *_cases((WH,), "create get", (LEASES,), SYS),
     # The reconciler's other limits.
     *_cases((RC,), "update patch", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh",
-                                    GANG_PODGROUPS, GANG_WORKLOADS), ML),
+                                    GANG_WORKLOADS), ML),
+    *_cases((RC,), "update", (GANG_PODGROUPS,), ML),
     *_cases((RC,), "create update", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "update delete", (f"{LEASES}/another-lease",), SYS),
     *_cases((RC,), "create", (LEASES,), ML),

@@ -368,6 +368,8 @@ def test_each_scale_up_increment_is_booked_and_bound_in_a_pod_group_of_its_own(s
     stack.wait_state(ns, keys.RAYCLUSTER_KIND, "grows", "Admitted", timeout=180)
     gang = stack.gang_group(ns, "grows")["metadata"]["name"]
     wait(lambda: len(bound(stack.ray_pods(ns, "grows"))) == 2, 180, "the gang (head and 1 worker) bound")
+    wait(lambda: (stack.kube.get(PODGROUPS, gang, ns)["metadata"].get("annotations") or {}).get(
+        keys.GANG_BOUND_ANNOTATION) == "grows", 60, "the reconciler to record the cluster whose gang is bound")
     stack.kube.patch(RAYCLUSTERS, "grows", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
                                              "value": 3}], ns, content_type=JSON_PATCH)
     increment = wait(lambda: next((g for g in stack.groups(ns) if _increment(g)), None), 180,
@@ -381,3 +383,27 @@ def test_each_scale_up_increment_is_booked_and_bound_in_a_pod_group_of_its_own(s
     assert len(stack.members(ns, gang)) == 2, "the gang's own group keeps its own pods"
     print(f"\nscale-up of 2: PodGroup {name} (minCount 2) beside the gang's {gang}")
     stack.delete(ns, keys.RAYCLUSTER_KIND, "grows")
+
+
+# --- a job suspended after admission starts its gang afresh ------------------------------------------------
+
+def test_a_cluster_suspended_after_admission_is_admitted_again_with_a_gang_of_its_own(stack: Stack) -> None:
+    ns = NS["static"]
+    stack.create(pinned(builders.RayCluster("again", ns).worker("cpu", replicas=2, min_replicas=2, max_replicas=2,
+                                                                requests={"cpu": "1"}).obj(), None))
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "again", "Admitted")
+    first = stack.gang_group(ns, "again")["metadata"]["name"]
+    until(lambda: stack.members(ns, first), lambda found: len(bound(found)) == 3, 120, "the first gang bound")
+    stack.kube.patch(RAYCLUSTERS, "again", [{"op": "replace", "path": "/spec/suspend", "value": True}], ns,
+                     content_type=JSON_PATCH)  # an admin may suspend it: raygate queues it again
+    wait(lambda: stack.get(ns, keys.RAYCLUSTER_KIND, "again")["metadata"]["annotations"].get(
+        keys.ATTEMPT_ANNOTATION) == "2", 60, "raygate to queue it again (attempt 2)")
+    stack.wait_state(ns, keys.RAYCLUSTER_KIND, "again", "Admitted")
+    second = wait(lambda: next((g["metadata"]["name"] for g in stack.groups(ns)
+                                if g["metadata"]["name"] != first and not g["metadata"].get("deletionTimestamp")),
+                               None), 60, "a PodGroup for the second attempt")
+    pods = until(lambda: stack.members(ns, second), lambda found: len(bound(found)) == 3, 120,
+                 "the second gang bound, in its own group")
+    wait(lambda: all(g["metadata"]["name"] == second for g in stack.groups(ns)), 60, "the first attempt's group gone")
+    print(f"\nsuspended and admitted again: {len(pods)} pods bound in {second}, {first} gone")
+    stack.delete(ns, keys.RAYCLUSTER_KIND, "again")

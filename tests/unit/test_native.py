@@ -22,7 +22,7 @@ from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, pa
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import decision, gating
-from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan, ReleasePod
+from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, ReleasePod
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -256,22 +256,24 @@ def test_a_finished_job_deletes_its_workload_and_pod_groups(status: dict[str, An
 # --- the pod webhook: every pod of the gang in its group ----------------------------------------------
 
 class Members:
-    def __init__(self, groups: set[str] | None = None, scheduled: set[str] | None = None) -> None:
-        self.groups, self.bound = (groups or set()) | (scheduled or set()), scheduled or set()
+    def __init__(self, groups: set[str] | None = None, bound: dict[str, str] | None = None) -> None:
+        self.groups, self.bound = (groups or set()) | set(bound or {}), bound or {}
 
     def exists(self, namespace: str, group: str) -> bool:
         return group in self.groups
 
-    def scheduled(self, namespace: str, group: str) -> bool:
-        return group in self.bound
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
+        return self.bound.get(group)
 
 
-def pod(group: str | None = "g", pod_set: str = "gpu", gpu: bool = True, name: str = "p") -> dict[str, Any]:
+def pod(group: str | None = "g", pod_set: str = "gpu", gpu: bool = True, name: str = "p",
+        cluster: str = "c1") -> dict[str, Any]:
     annotations = {keys.GANG_GROUP_ANNOTATION: group} if group is not None else {}
     resources = {"limits": GPU} if gpu else {"requests": CPU}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "ns", "annotations": annotations,
-                         "labels": {keys.RAY_GROUP_LABEL: pod_set, keys.RAY_NODE_TYPE_LABEL: "worker"}},
+                         "labels": {keys.RAY_GROUP_LABEL: pod_set, keys.RAY_NODE_TYPE_LABEL: "worker",
+                                    keys.RAY_CLUSTER_LABEL: cluster}},
             "spec": {"containers": [{"name": "c", "image": "ray", "resources": resources}]}}
 
 
@@ -282,11 +284,13 @@ def inc(n: int, pod_set: str = "gpu") -> str:
 @pytest.mark.parametrize(("case", "p", "gated", "members", "want"), [
     ("pods_of_a_gang_not_bound_yet_join_it", pod(), True, Members({"g"}), "g"),
     ("even_before_its_group_is_in_the_cache", pod(), True, Members(), "g"),
-    ("once_the_gang_is_bound_a_gated_pod_opens_an_increment", pod(), True, Members(scheduled={"g"}), inc(1)),
-    ("a_made_increment_is_closed", pod(), True, Members({inc(1)}, scheduled={"g"}), inc(2)),
-    ("increments_per_pod_set", pod(pod_set="other"), True, Members({inc(1)}, scheduled={"g"}), inc(1, "other")),
-    ("a_pod_not_gated_stays_in_the_gang_group", pod(gpu=False), False, Members(scheduled={"g"}), "g"),
-    ("no_group_no_stamp", pod(group=None), True, Members(scheduled={"g"}), None),
+    ("once_its_clusters_gang_is_bound_a_gated_pod_opens_an_increment", pod(), True, Members(bound={"g": "c1"}),
+     inc(1)),
+    ("a_made_increment_is_closed", pod(), True, Members({inc(1)}, bound={"g": "c1"}), inc(2)),
+    ("increments_per_pod_set", pod(pod_set="other"), True, Members({inc(1)}, bound={"g": "c1"}), inc(1, "other")),
+    ("another_cluster_a_rayjob_retry_forms_the_gang_again", pod(cluster="c2"), True, Members(bound={"g": "c1"}), "g"),
+    ("a_pod_not_gated_stays_in_the_gang_group", pod(gpu=False), False, Members(bound={"g": "c1"}), "g"),
+    ("no_group_no_stamp", pod(group=None), True, Members(bound={"g": "c1"}), None),
 ])
 def test_the_pod_webhook_names_the_group_a_pod_joins(case: str, p: dict[str, Any], gated: bool,
                                                      members: Members, want: str | None) -> None:
@@ -313,7 +317,7 @@ def test_the_head_is_named_into_its_group_without_a_gate_and_static_pools_gate_n
     d = webhook.mutate(request(pod(gpu=False, pod_set="headgroup")), OPTED_IN, native_config())
     assert d.outcome == "grouped" and [op["path"] for op in d.patch] == ["/spec/schedulingGroup"]
     static = native_config(provisioning={"enabled": False})
-    d = webhook.mutate(request(pod()), OPTED_IN, static, members=Members(scheduled={"g"}))
+    d = webhook.mutate(request(pod()), OPTED_IN, static, members=Members(bound={"g": "c1"}))
     assert d.outcome == "grouped"  # not gated, so never a scale-up's: growth is refused where nothing is booked
     assert jsonpatch.apply_patch(pod(), d.patch)["spec"]["schedulingGroup"] == {"podGroupName": "g"}
 
@@ -433,11 +437,67 @@ def test_the_recorded_group_spec_is_the_gang_now() -> None:
     assert RULES.recorded(job()) == GroupSpec(native.group_name(job(), 5), {"minCount": 5})
 
 
-@pytest.mark.parametrize(("status", "scheduled"), [(None, False), ("False", False), ("True", True)])
-def test_the_webhook_reads_from_a_pod_group_whether_its_gang_is_bound(status: str | None, scheduled: bool) -> None:
+@pytest.mark.parametrize(("annotations", "bound"), [({}, None), ({keys.GANG_BOUND_ANNOTATION: "c1"}, "c1")])
+def test_the_webhook_reads_from_a_pod_group_whose_gang_is_bound(annotations: dict[str, str],
+                                                                 bound: str | None) -> None:
     from raygate.webhook.gangs import group_view
 
-    conds = [] if status is None else [{"type": keys.GANG_SCHEDULED_CONDITION, "status": status}]
-    view = group_view({"metadata": {"name": "g", "namespace": "ns", "uid": "x"}, "spec": {"minCount": 5},
-                       "status": {"conditions": conds}})
-    assert view == {"metadata": {"name": "g", "namespace": "ns"}, "scheduled": scheduled}
+    view = group_view({"metadata": {"name": "g", "namespace": "ns", "uid": "x", "annotations": annotations},
+                       "spec": {"minCount": 5}, "status": {"conditions": []}})
+    assert view == {"metadata": {"name": "g", "namespace": "ns"}, "bound": bound}
+
+
+def gang_group(w: Workload, bound: str | None = None) -> dict[str, Any]:
+    group = {**made(w)[1], "kind": "PodGroup"}
+    if bound is not None:
+        group["metadata"] = {**group["metadata"], "annotations": {keys.GANG_BOUND_ANNOTATION: bound}}
+    return group
+
+
+@pytest.mark.parametrize(("case", "recorded", "bound", "want"), [
+    ("not_bound_yet", None, {"c1": 3}, None),  # minCount 3 of 5: not the gang yet
+    ("bound_minCount_of_one_cluster", None, {"c1": 5}, "c1"),
+    ("already_recorded", "c1", {"c1": 5}, None),
+    ("never_taken_back", "c1", {"c1": 1}, None),  # a restart: its pods go to increments, never the gang's
+    ("a_retry_bound_in_another_cluster", "c1", {"c1": 0, "c2": 5}, "c2"),
+])
+def test_the_reconciler_records_the_cluster_whose_gang_is_bound(case: str, recorded: str | None,
+                                                                bound: dict[str, int], want: str | None) -> None:
+    w = job("Admitted", suspend=False)
+    ops = RULES.marks(gang_group(w, recorded), bound)
+    if want is None:
+        assert ops == []
+        return
+    after = jsonpatch.apply_patch(gang_group(w, recorded), ops)
+    assert after["metadata"]["annotations"][keys.GANG_BOUND_ANNOTATION] == want
+    assert RULES.marks(made(w)[0], bound) == []  # the Workload carries no record
+    inc_ = RULES.increment_objects(w, "k1", "gpu", 2, SERVED)[0][1]
+    assert RULES.marks(inc_, {"c1": 9}) == []
+
+
+def test_an_admitted_job_records_its_bound_gang_on_its_pod_group() -> None:
+    w = admitted()
+    group = gang_group(w)
+    plan = decision.decide(w, Observed(groups=(group,), bound={group["metadata"]["name"]: {"train-abc": 3}},
+                                       served=SERVED), policy(), NOW)
+    patches = [a for a in plan.actions if isinstance(a, PatchChild)]
+    assert [(a.kind, a.name) for a in patches] == [(ChildKind.GANG_POD_GROUP, group["metadata"]["name"])]
+
+
+def test_each_attempt_has_a_group_of_its_own() -> None:
+    first = RULES.recorded(job()).name
+    requeued = job()
+    requeued.obj["metadata"]["annotations"].update({keys.ATTEMPT_ANNOTATION: "2", keys.REQUEST_ANNOTATION: "r-a2"})
+    assert RULES.recorded(requeued).name != first
+    restarted = job()  # relabelled Pending after Failed: no request, back to attempt 1
+    restarted.obj["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] = "4"
+    assert RULES.recorded(restarted).name == first
+
+
+def test_a_job_given_up_on_deletes_its_groups_so_a_new_start_makes_its_own() -> None:
+    w = job("Admitted", suspend=False)
+    w.obj["status"] = {"jobDeploymentStatus": "ValidationFailed", "message": "bad"}
+    plan = decision.decide(w, Observed(groups=made(w), served=SERVED), policy(), NOW)
+    assert plan.outcome == "failed"
+    assert [k for k in kinds(plan) if k.startswith("delete")] == [
+        f"delete Workload {RULES.recorded(w).name}", f"delete PodGroup.scheduling.k8s.io {RULES.recorded(w).name}"]

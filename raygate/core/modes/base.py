@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind
 from raygate.core.objects import JSON
-from raygate.core.patch import PatchBuilder
+from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.workload import Gang, Workload
 
 if TYPE_CHECKING:  # the policy model names its mode; the modes read the policy only through its fields
@@ -101,8 +101,8 @@ class Members(Protocol):
         """Whether a group object of that name exists (raygate made it; it may be going)."""
         ...
 
-    def scheduled(self, namespace: str, group: str) -> bool:
-        """Whether the scheduler has bound that group's gang (its pods from now on are not the gang's)."""
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
+        """The Ray cluster whose gang the scheduler bound in that group, as the reconciler recorded it."""
         ...
 
 
@@ -112,8 +112,8 @@ class NoMembers:
     def exists(self, namespace: str, group: str) -> bool:
         return False
 
-    def scheduled(self, namespace: str, group: str) -> bool:
-        return False
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
+        return None
 
 
 NO_MEMBERS = NoMembers()
@@ -125,9 +125,10 @@ class GroupRules(ABC):
 
     group_kinds: ClassVar[tuple[ChildKind, ...]]
     """The kinds of group object, in the order they are created."""
-    kept_on_release: ClassVar[bool] = True
-    """`raygate release` keeps a held job's group: its pod templates name it already, so its pods still
-    gang-schedule once KubeRay creates them. False: the pods name it only once raygate admits the job."""
+    named_at_creation: ClassVar[bool] = True
+    """The job's pod templates name its group from creation on, so the group is kept while the job is stopped
+    (failed, or released by `raygate release`: its pods still gang-schedule once KubeRay creates them). False:
+    they name one per admission, so a stopped job's groups go."""
     prerequisite_reason: ClassVar[str] = "PrerequisiteMissing"  # the Event reason while it holds a job
     rewritten_reason: ClassVar[str] = "GroupRewritten"  # the Event reason when another writer changed the group
 
@@ -195,6 +196,11 @@ class GroupRules(ABC):
     def is_increment(self, obj: Mapping[str, Any]) -> bool:
         """Whether a group object is a scale-up's increment (it goes when its pods have)."""
         return False
+
+    def marks(self, obj: Mapping[str, Any], bound: Mapping[str, int]) -> list[PatchOp]:
+        """What the reconciler records on a group object of an admitted job, given its bound pods per Ray
+        cluster (JSON patch operations; [] when nothing changes)."""
+        return []
 
     def describe(self, spec: GroupSpec, served: Served) -> str | None:
         """The group objects in a line, for `raygate explain`."""

@@ -13,13 +13,15 @@ and which KubeRay v1.6.2's CRDs prune from pod templates. So the patch that unsu
 the group's name as an annotation on every pod template of the gang, and the pod webhook copies it into
 each pod at CREATE (`pod_patch`).
 
-Both objects are immutable in v1alpha2: the group is named after its `minCount`, so a held job whose
-gang changes gets new ones (the reconciler deletes the old). Elastic growth: once kube-scheduler has
-bound the gang (its PodGroup's PodGroupScheduled is True), a new GPU pod is a scale-up's (gated, booked
-by a request of its own); the pod webhook names a group of its own for it, one per increment
-(`increment_name`: the first whose PodGroup does not exist yet), and the reconciler creates that
-PodGroup, with minCount = the pods it releases into it together, before it lifts their gates. Before
-the gang is bound every pod joins the gang's group, so no pod the gang counts on can ever be elsewhere.
+Both objects are immutable in v1alpha2: the group is named after its `minCount` and the attempt, so a
+held job whose gang changes gets new ones (the reconciler deletes the old), and so does each attempt.
+Elastic growth: once kube-scheduler has bound the gang of a Ray cluster (the reconciler records that
+cluster on the gang's PodGroup, `marks`), a new GPU pod of that cluster is a scale-up's or a restart's
+(gated, booked); the pod webhook names a group of its own for it, one per increment (`increment_name`:
+the first whose PodGroup does not exist yet), and the reconciler creates that PodGroup, with minCount =
+the pods it releases into it together, before it lifts their gates. Before, every pod joins the gang's
+group (and so does every pod of another cluster: a RayJob's retry), so no pod the gang counts on is
+ever elsewhere.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from raygate.core.keys import ChildKind
 from raygate.core.modes.base import GroupRules, GroupSpec, Members, Mode, ModeRules
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
-from raygate.core.patch import PatchBuilder
+from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.workload import DEFAULT_SCHEDULER, Gang, Workload, child_metadata, pod_set_of
 
 if TYPE_CHECKING:
@@ -60,11 +62,22 @@ def min_count(gang: Gang) -> int:
     return sum(p.count for p in gang.pod_sets if p.in_min_member)
 
 
+def attempt(w: Workload) -> int:
+    """The attempt a held or admitted job is in, as the reconciler records it (1 before its first request;
+    a job relabelled Pending after Failed has no request, and starts over at 1)."""
+    try:
+        n = int(w.annotations.get(keys.ATTEMPT_ANNOTATION, ""))
+    except ValueError:
+        return 1
+    return n if n >= 1 and w.annotations.get(keys.REQUEST_ANNOTATION) else 1
+
+
 def group_name(w: Workload, count: int) -> str:
-    """`<job>-<hash of the job and minCount>`: a job whose gang changes while held gets a new group, and a job
-    re-created under the same name never meets its predecessor's (the uid is in the hash)."""
+    """`<job>-<hash of the job, minCount and attempt>`: a job whose gang changes while held gets a new group,
+    and so does each attempt (a job requeued after admission starts its gang afresh); a job re-created under
+    the same name never meets its predecessor's (the uid is in the hash)."""
     uid = str(get(w.obj, ("metadata", "uid"), ""))
-    return f"{_dns(w.name, NAME_BUDGET)}-{_hash(w.kind, w.namespace, w.name, uid, str(count))}"
+    return f"{_dns(w.name, NAME_BUDGET)}-{_hash(w.kind, w.namespace, w.name, uid, str(count), str(attempt(w)))}"
 
 
 def increment_name(group: str, pod_set: str, n: int) -> str:
@@ -78,7 +91,7 @@ class Native(ModeRules, GroupRules):
     provisions_by_default = True
     template_annotations = (keys.GANG_GROUP_ANNOTATION,)
     group_kinds = (ChildKind.WORKLOAD, ChildKind.GANG_POD_GROUP)
-    kept_on_release = False  # the templates name the group only from admission on, through raygate's pod webhook
+    named_at_creation = False  # the templates name a group per admission (attempt), through raygate's pod webhook
 
     # --- the cluster and the config ---------------------------------------------------------------
     def cluster_problems(self, served: Served) -> list[str]:
@@ -147,6 +160,21 @@ class Native(ModeRules, GroupRules):
     def is_increment(self, obj: Mapping[str, Any]) -> bool:
         return get(obj, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION)) is not None
 
+    def marks(self, obj: Mapping[str, Any], bound: Mapping[str, int]) -> list[PatchOp]:
+        """Record on the gang's PodGroup the Ray cluster whose gang is bound (minCount of its pods on nodes).
+        Never taken back: a pod of that cluster made later (a scale-up, a restart) never joins the gang's
+        group, where it would wait for a minCount that its bound gang no longer needs (and might not reach)."""
+        if self.kind_of(obj) is not ChildKind.GANG_POD_GROUP or self.is_increment(obj):
+            return []
+        least = get(obj, ("spec", "schedulingPolicy", "gang", "minCount"))
+        done = [c for c, n in bound.items() if isinstance(least, int) and n >= least]
+        path = ("metadata", "annotations", keys.GANG_BOUND_ANNOTATION)
+        if not done or get(obj, path) in done:
+            return []
+        b = PatchBuilder(obj)
+        b.set(path, max(done, key=lambda c: (bound[c], c)))
+        return b.ops
+
     def schedules(self, spec: GroupSpec) -> str:
         return f"PodGroup {spec.name} has kube-scheduler bind its {spec.spec['minCount']} pods together or not at all"
 
@@ -175,9 +203,10 @@ class Native(ModeRules, GroupRules):
         if group is None:
             return  # not a pod of a gang raygate admitted in native mode
         name = group
-        if gated and members.scheduled(namespace, group):
-            # The gang is bound: a gated pod now is a scale-up's (or a restart's). It joins the increment still
-            # open, whose PodGroup is made when its pods are released into their booking, and binds with them.
+        cluster = get(pod, ("metadata", "labels", keys.RAY_CLUSTER_LABEL))
+        if gated and isinstance(cluster, str) and cluster and members.bound_cluster(namespace, group) == cluster:
+            # Its cluster's gang is bound: a gated pod now is a scale-up's (or a restart's). It joins the increment
+            # still open, whose PodGroup is made when its pods are released into their booking, and binds with them.
             pod_set = pod_set_of(pod)
             n = 1
             while members.exists(namespace, increment_name(group, pod_set, n)):
