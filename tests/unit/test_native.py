@@ -118,6 +118,13 @@ def test_config_load_names_defaults_when_the_default_mode_is_native() -> None:
     assert [p.split(":")[0] for p in err.value.problems] == ["defaults.mode"]
 
 
+def test_discovery_reads_every_group_version_the_server_lists() -> None:
+    listing = {"groups": [{"name": "scheduling.k8s.io", "versions": [{"groupVersion": "scheduling.k8s.io/v1"},
+                                                                     {"groupVersion": "scheduling.k8s.io/v1alpha2"}]},
+                          {"name": "ray.io", "versions": [{"groupVersion": "ray.io/v1"}]}]}
+    assert discovery.group_versions(listing) == {"scheduling.k8s.io/v1", "scheduling.k8s.io/v1alpha2", "ray.io/v1"}
+
+
 @pytest.mark.parametrize(("found", "version"), [
     ({}, None),
     ({"v1alpha2": {"resources": [{"name": "workloads"}, {"name": "podgroups"}, {"name": "podgroups/status"}]}},
