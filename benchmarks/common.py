@@ -294,9 +294,10 @@ def bundle() -> Any:
 
 
 @contextlib.contextmanager
-def control_plane(kuberay: bool = False) -> Iterator[Any]:
-    """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory; every
-    process it (and whatever ran on it: webhook, reconciler) started is stopped on the way out."""
+def control_plane(kuberay: bool = False, gang: bool = False) -> Iterator[Any]:
+    """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory (`gang`: with
+    Kubernetes' gang scheduling on); every process it (and whatever ran on it: webhook, reconciler)
+    started is stopped on the way out."""
     from raygate.devenv.controlplane import ControlPlane
 
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -304,7 +305,7 @@ def control_plane(kuberay: bool = False) -> Iterator[Any]:
     cp = ControlPlane(workdir, bundle())
     try:
         t0 = time.monotonic()
-        cp.up(kuberay=kuberay, log=False)
+        cp.up(kuberay=kuberay, log=False, gang=gang)
         print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
         yield cp
     finally:

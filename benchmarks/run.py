@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, volcano, podgate, fuzz, soak).
+memory, startup, capacity, volcano, podgate, native, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "volcano",
-                            "podgate", "fuzz", "soak", "all"])
+                            "podgate", "native", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -92,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity_bench,
         fuzz,
         memory_bench,
+        native_bench,
         peer_bench,
         podgate_bench,
         reconciler_bench,
@@ -105,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
         "capacity": capacity_bench.main, "volcano": volcano_bench.main, "podgate": podgate_bench.main,
+        "native": native_bench.main,
         "fuzz": fuzz.main, "soak": soak_bench.main,
     }
     names = list(benches) if args.which == "all" else [args.which]

@@ -11,6 +11,7 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 
+from raygate.core.api import Served
 from raygate.core.errors import RaygateError
 
 _Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
@@ -29,12 +30,19 @@ def _registrars() -> list[_Registrar]:
         # with the certs component's loop without importing it.
         functools.partial(reconciler_cli.register, renew_certificates=certs_cli.renew_forever),
         certs_cli.register,
-        explain.register,
+        # `explain --kubeconfig` asks a cluster what it serves; explain itself stays a pure decision.
+        functools.partial(explain.register, discover=_served_at),
         status.register,
         release.register,
         dev_cli.register,
         demo.register,
     ]
+
+
+def _served_at(kubeconfig: str) -> Served:
+    from raygate.kube import discovery
+
+    return discovery.served_at(kubeconfig)
 
 
 def build_parser() -> argparse.ArgumentParser:

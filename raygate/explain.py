@@ -1,7 +1,10 @@
 """`raygate explain`: run the webhook's pure admission decision on a manifest, offline.
 
-It shows what `kubectl create` would meet: the verdict, the JSON patch raygate would apply, and the
-gang (pods and resources per pod set). No cluster is contacted; the namespace counts as opted in.
+It shows what `kubectl create` would meet: the verdict, the JSON patch raygate would apply, the gang
+(pods and resources per pod set) and, in a mode that schedules the gang through group objects, the
+objects the reconciler would create. No cluster is contacted unless `--kubeconfig` is given: then it
+asks that cluster which APIs it serves (the gang-scheduling version), and refuses a config whose mode
+the cluster cannot run, as raygate does at config load. The namespace counts as opted in.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +20,9 @@ import yaml
 
 from raygate.core import keys
 from raygate.core import quantity as q
+from raygate.core.api import OFFLINE, Served
 from raygate.core.errors import RaygateError
-from raygate.core.modes import Mode, rules_for
+from raygate.core.modes import Mode, group_rules, rules_for
 from raygate.core.objects import metadata
 from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
 
@@ -32,7 +37,9 @@ LEFT_ALONE = {
 EXIT_REFUSED = 2
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+             discover: Callable[[str], Served] | None = None) -> None:
+    """`discover(kubeconfig)`: what a cluster serves (wired in by raygate.cli: this module stays pure)."""
     p = sub.add_parser(
         "explain",
         help="run the admission decision offline on a manifest",
@@ -50,7 +57,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the user who creates it (for example the KubeRay operator's account, whose RayClusters "
                    "for admitted RayJobs are left alone)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="output format")
-    p.set_defaults(func=run)
+    p.add_argument("--kubeconfig", default=None, metavar="PATH",
+                   help="also ask this cluster which APIs it serves (Kubernetes' gang scheduling, for native mode): "
+                   "the version the group objects would use, or why the mode cannot run there (default: offline)")
+    p.set_defaults(func=run, discover=discover or _no_discovery)
 
 
 # --- reading inputs -----------------------------------------------------------------------------
@@ -91,27 +101,30 @@ def load_manifest(path: str) -> dict[str, Any]:
     return obj
 
 
-def load_config(path: str | None) -> RaygateConfig:
+def load_config(path: str | None, served: Served = OFFLINE) -> RaygateConfig:
     if path is None:
-        return DEFAULT_CONFIG
+        try:
+            return parse_config("", served) if served.known else DEFAULT_CONFIG
+        except ConfigError as err:
+            raise RaygateError(f"raygate's default config does not fit this cluster: {err}") from None
     text = _read(path)
     doc = _one_document(text, path) if text.strip() else None
     if isinstance(doc, dict) and doc.get("kind") == "ConfigMap":
         text = str((doc.get("data") or {}).get(keys.CONFIGMAP_KEY, ""))
     try:
-        return parse_config(text)
+        return parse_config(text, served)
     except ConfigError as err:
         raise RaygateError(f"{path} is not a valid raygate config: {err}") from None
 
 
-def with_mode(config: RaygateConfig, namespace: str, mode: str | None) -> RaygateConfig:
+def with_mode(config: RaygateConfig, namespace: str, mode: str | None, served: Served = OFFLINE) -> RaygateConfig:
     """The config with `namespace` switched to `mode`, validated like any ConfigMap."""
     if mode is None:
         return config
     raw = config.model_dump(by_alias=True, exclude_none=True, mode="json")
     raw["namespaces"] = {**raw.get("namespaces", {}), namespace: {**config.namespaces.get(namespace, {}), "mode": mode}}
     try:
-        return parse_config(json.dumps(raw))
+        return parse_config(json.dumps(raw), served)
     except ConfigError as err:
         raise RaygateError(f"--mode {mode} does not fit the config: {err}") from None
 
@@ -119,7 +132,7 @@ def with_mode(config: RaygateConfig, namespace: str, mode: str | None) -> Raygat
 # --- deciding -----------------------------------------------------------------------------------
 
 def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
-            user: str = "raygate-explain") -> dict[str, Any]:
+            user: str = "raygate-explain", served: Served = OFFLINE) -> dict[str, Any]:
     """The decision as the JSON object `-o json` prints."""
     from raygate.core.workload import ManifestError, Workload
     from raygate.webhook.decision import mutate
@@ -149,7 +162,26 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
         "message": message,
         "patch": d.patch,
         "gang": gang.to_json() if gang is not None and d.outcome not in LEFT_ALONE else None,
+        "groups": _groups(obj, config.policy_for(namespace).mode, served) if d.allowed and d.patch else None,
     }
+
+
+def _groups(obj: dict[str, Any], mode: Mode, served: Served) -> dict[str, Any] | None:
+    """The group objects the reconciler would create for the object (named as for this manifest: a created
+    object's names also hash its uid), and the line that says what they do."""
+    from raygate.core.workload import ManifestError, Workload
+
+    rules = group_rules(mode)
+    if rules is None:
+        return None
+    w = Workload({**obj, "metadata": {**(obj.get("metadata") or {}),
+                                     "name": metadata(obj).get("name") or metadata(obj).get("generateName") or ""}})
+    try:
+        spec = rules.recorded(w)
+    except ManifestError:
+        return None  # recorded by the webhook at creation: nothing to read back from a manifest
+    return {"summary": rules.describe(spec, served),
+            "objects": [o for _, o in rules.group_objects(w, spec, served)]}
 
 
 # --- printing -----------------------------------------------------------------------------------
@@ -182,6 +214,11 @@ def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, mod
     gang = result["gang"]
     if gang is not None:
         lines += _gang_table(gang, obj)
+    groups = result.get("groups")
+    if groups is not None and groups.get("summary"):
+        lines.append(f"gang scheduling: {groups['summary']}")
+        lines += [f"  {o['kind']} {o['apiVersion']}: {json.dumps(o['spec'], sort_keys=True)}"
+                  for o in groups["objects"]]
     return "\n".join(lines)
 
 
@@ -210,11 +247,16 @@ def _gang_table(gang: dict[str, Any], obj: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _no_discovery(kubeconfig: str) -> Served:
+    raise RaygateError("--kubeconfig is not available here: run `raygate explain` from the raygate command")
+
+
 def run(args: argparse.Namespace) -> int:
     obj = load_manifest(args.filename)
     namespace = args.namespace or str(metadata(obj).get("namespace") or "default")
-    config = with_mode(load_config(args.config), namespace, args.mode)
-    result = explain(obj, config, namespace, args.user)
+    served = args.discover(args.kubeconfig) if args.kubeconfig else OFFLINE
+    config = with_mode(load_config(args.config, served), namespace, args.mode, served)
+    result = explain(obj, config, namespace, args.user, served)
     if args.output == "json":
         print(json.dumps(result, sort_keys=False))
     else:

@@ -145,11 +145,11 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
         skip = _skip_reason(annotations, labels)
         if skip:
             item.action, item.why = "skip", skip
-        elif delete or group is None:
+        elif delete or group is None or not group.named_at_creation:
             item.delete_children = mine
         else:
-            kind_of_group = ChildKind(group.group_resource.kind)
-            groups = [c for c in mine if c.kind == kind_of_group]
+            kind_of_group = group.group_kinds[0]
+            groups = [c for c in mine if c.kind in group.group_kinds]
             if not groups:
                 item.action = "skip"
                 item.why = (f"{mode} mode, but its {kind_of_group} was never created: its pods name a "
@@ -158,7 +158,7 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
             else:
                 # Its pods are scheduled through this group: keeping it keeps the gang.
                 item.keep_children = groups
-                item.delete_children = [c for c in mine if c.kind != kind_of_group]
+                item.delete_children = [c for c in mine if c.kind not in group.group_kinds]
         items.append(item)
     items.sort(key=lambda i: (i.namespace, i.kind, i.name))
     orphans = sorted((c for uid, cs in by_owner.items() if uid not in uids for c in cs),

@@ -1,6 +1,8 @@
 """`raygate status` (also `kubectl raygate status`): the RayJobs and RayClusters raygate holds or has
 failed, and the admitted ones whose scale-up waits for a booking, read from the cluster, with how long
-each has waited and why."""
+each has waited and why; and, where the cluster serves Kubernetes' gang scheduling (native mode), each
+one's PodGroups with kube-scheduler's verdict (condition PodGroupScheduled), admitted jobs whose gang the
+scheduler has not bound included."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ from raygate.core.errors import RaygateError
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
+    from raygate.core.objects import JSON
     from raygate.kube.client import ApiError, Kube
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
-SELECTOR = keys.STATE_LABEL  # admitted objects too: one whose scale-up waits is shown with that reason
-COLUMNS = ("NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON")
+SELECTOR = keys.STATE_LABEL  # admitted objects too: one whose scale-up or gang waits is shown with that reason
+COLUMNS = ("NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,8 +33,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="list held and failed RayJobs and RayClusters, and admitted ones whose scale-up waits",
         description="List the RayJobs and RayClusters raygate holds (state Pending or Provisioning) or has "
         f"failed (state Failed), from the label {keys.STATE_LABEL}, and admitted ones whose scale-up waits gated "
-        "for a booking: state, attempt, time waiting since creation, and the reason. Also runs as "
-        "`kubectl raygate status`.",
+        "for a booking: state, attempt, time waiting since creation, the reason, and (native mode) their "
+        "PodGroups with kube-scheduler's verdict, admitted jobs whose gang is not bound yet included. Also runs "
+        "as `kubectl raygate status`.",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("-n", "--namespace", default=None,
@@ -54,6 +58,7 @@ class Held:
     waiting_seconds: int
     reason: str
     provisioning_request: str
+    pod_groups: tuple[GroupVerdict, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -61,7 +66,57 @@ class Held:
             "namespace": d["namespace"], "kind": d["kind"], "name": d["name"], "state": d["state"],
             "attempt": d["attempt"], "creationTimestamp": d["created"], "waitingSeconds": d["waiting_seconds"],
             "reason": d["reason"], "provisioningRequest": d["provisioning_request"] or None,
+            "podGroups": [g.as_json() for g in self.pod_groups],
         }
+
+    @property
+    def gang(self) -> str:
+        return "; ".join(g.summary for g in self.pod_groups) or "-"
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """One of a job's PodGroups (Kubernetes' own, native mode) and kube-scheduler's word on it."""
+
+    name: str
+    min_count: int | None
+    scheduled: str | None  # the PodGroupScheduled condition's status: True, False, or None before the first try
+    reason: str
+    message: str
+
+    @property
+    def bound(self) -> bool:
+        return self.scheduled == "True"
+
+    @property
+    def summary(self) -> str:
+        said = "NotTriedYet" if self.scheduled is None else self.reason or f"Scheduled={self.scheduled}"
+        return f"{self.name} {said}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "minCount": self.min_count, "scheduled": self.scheduled, "reason": self.reason,
+                "message": self.message}
+
+
+def verdict(group: Mapping[str, Any]) -> GroupVerdict:
+    meta = group.get("metadata") or {}
+    count = ((group.get("spec") or {}).get("schedulingPolicy") or {}).get("gang", {}).get("minCount")
+    cond = next((c for c in (group.get("status") or {}).get("conditions") or []
+                 if isinstance(c, Mapping) and c.get("type") == keys.GANG_SCHEDULED_CONDITION), {})
+    return GroupVerdict(str(meta.get("name", "")), count if isinstance(count, int) else None,
+                        str(cond["status"]) if cond.get("status") else None, str(cond.get("reason") or ""),
+                        str(cond.get("message") or ""))
+
+
+def groups_by_owner(groups: Iterable[Mapping[str, Any]]) -> dict[str, list[GroupVerdict]]:
+    """PodGroups by the uid of the job that controls them."""
+    out: dict[str, list[GroupVerdict]] = {}
+    for g in groups:
+        refs = (g.get("metadata") or {}).get("ownerReferences") or []
+        uid = next((r.get("uid") for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+        if uid:
+            out.setdefault(str(uid), []).append(verdict(g))
+    return out
 
 
 def _parse_time(text: str) -> dt.datetime | None:
@@ -78,8 +133,10 @@ def _attempt(value: str | None) -> int | None:
         return None
 
 
-def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime) -> list[Held]:
-    """The rows for `objects` (RayJobs or RayClusters as the API returns them)."""
+def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime,
+              groups: Mapping[str, list[GroupVerdict]] | None = None) -> list[Held]:
+    """The rows for `objects` (RayJobs or RayClusters as the API returns them); `groups`: their PodGroups by
+    owner uid. An Admitted object is a row while one of its PodGroups is not bound by the scheduler."""
     rows = []
     for obj in objects:
         meta = obj.get("metadata", {})
@@ -87,7 +144,9 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime)
         annotations = meta.get("annotations") or {}
         state = labels.get(keys.STATE_LABEL, "")
         scale_up = annotations.get(keys.SCALE_UP_REASON_ANNOTATION) if state == keys.State.ADMITTED else None
-        if state not in SHOWN_STATES and not scale_up:
+        mine = tuple(sorted((groups or {}).get(str(meta.get("uid", "")), []), key=lambda g: g.name))
+        unbound = state == keys.State.ADMITTED and any(not g.bound for g in mine)
+        if state not in SHOWN_STATES and not scale_up and not unbound:
             continue
         # KubeRay's cluster of a RayJob carries the job's labels, but only once the job is Admitted, a state
         # this table leaves out; a held RayCluster that claims a RayJob parent is held in its own right.
@@ -103,6 +162,7 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime)
             waiting_seconds=max(0, int((now - since).total_seconds())) if since else 0,
             reason=f"scale-up: {scale_up}" if scale_up else str(annotations.get(keys.REASON_ANNOTATION, "")),
             provisioning_request=str(annotations.get(keys.REQUEST_ANNOTATION, "")),
+            pod_groups=mine,
         ))
     return rows
 
@@ -124,7 +184,7 @@ def human_duration(seconds: int) -> str:
 def render_table(rows: list[Held], out: TextIO) -> None:
     table = [COLUMNS] + [
         (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, "-" if r.attempt is None else str(r.attempt),
-         human_duration(r.waiting_seconds), r.reason or "-")
+         human_duration(r.waiting_seconds), r.gang, r.reason or "-")
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
@@ -151,18 +211,40 @@ def _explain(err: ApiError, kube: Kube, res: Resource, namespace: str | None) ->
     return RaygateError(f"listing {what} {where} failed: {err.status} {err.reason}: {err.message}")
 
 
+def _pod_groups(kube: Kube, namespace: str | None) -> list[JSON]:
+    """raygate's PodGroups where the cluster serves Kubernetes' gang scheduling ([] where it does not)."""
+    from raygate.core.api import gang_pod_groups
+    from raygate.kube import discovery
+    from raygate.kube.client import ApiError
+
+    try:
+        version = discovery.served(kube).gang_version
+    except ApiError as err:
+        raise _explain(err, kube, gang_pod_groups("v1alpha2"), namespace) from None
+    if version is None:
+        return []
+    res = gang_pod_groups(version)
+    try:
+        listed = kube.list(res, namespace, labelSelector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}")
+    except ApiError as err:
+        raise _explain(err, kube, res, namespace) from None
+    return list(listed.get("items") or [])
+
+
 def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -> list[Held]:
     from raygate.core.api import RAYCLUSTERS, RAYJOBS
     from raygate.kube.client import ApiError
 
     now = now or dt.datetime.now(dt.UTC)
+    groups = _pod_groups(kube, namespace)
+    by_owner = groups_by_owner(groups)
     rows: list[Held] = []
     for res in (RAYJOBS, RAYCLUSTERS):
         try:
-            listed = kube.list(res, namespace, labelSelector=SELECTOR)
+            listed = list(kube.list(res, namespace, labelSelector=SELECTOR).get("items") or [])
         except ApiError as err:
             raise _explain(err, kube, res, namespace) from None
-        rows += held_from(res.kind, listed.get("items") or [], now)
+        rows += held_from(res.kind, listed, now, by_owner)
     rows.sort(key=lambda r: (r.namespace, -r.waiting_seconds, r.kind, r.name))
     return rows
 

@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     identity = args.identity or default_identity()
     log.info("reconciler starting", extra={"identity": identity, "metrics_port": server.server_address[1],
                                            "provisioning_request_version": controller.provreq_version,
-                                           "group_kinds": sorted(controller.group_kinds)})
+                                           "group_kinds": sorted(controller.group_kinds),
+                                           "gang_scheduling_version": controller.served.gang_version})
     stop = _stop_on_signals()
     while not controller.synced() and not stop.wait(0.1):
         pass
@@ -152,13 +153,16 @@ def _connect(args: argparse.Namespace) -> Kube:
 
 
 def _controller(kube: Kube, args: argparse.Namespace) -> tuple[Controller, ConfigSource]:
+    from raygate.kube import discovery
     from raygate.kube.client import ApiError
     from raygate.kube.configsource import ConfigSource
     from raygate.reconciler.controller import Controller, Options
 
     try:
-        config = ConfigSource(kube, args.namespace).start()
-        return Controller(kube, config, Options(workers=args.workers, resync_seconds=args.resync_seconds)), config
+        served = discovery.served(kube)  # the config is checked against what the controller can create
+        config = ConfigSource(kube, args.namespace, served=served).start()
+        options = Options(workers=args.workers, resync_seconds=args.resync_seconds)
+        return Controller(kube, config, options, served=served), config
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import orjson
 
 from raygate.core import dra, keys, logs, podgate
-from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource
+from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.conditions import conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules
@@ -129,17 +129,20 @@ class EventSender:
 
 class Controller:
     def __init__(self, kube: Kube, config: ConfigSource, options: Options | None = None,
-                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
+                 clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC), served: Served | None = None
+                 ) -> None:
+        """`served`: what the cluster serves, as discovery found it (asked here when not given)."""
         self.kube = kube
         self.config = config
         self.options = options or Options()
         self.clock = clock
         self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0),
                                                   on_wait=metrics.QUEUE_WAIT_SECONDS.observe)
+        self.served = served if served is not None else discovery.served(kube)
         self.provreq_version = discovery.served_provreq_version(kube)
-        self.child_resources = discovery.child_resources(kube, self.provreq_version)
-        # The group objects of the modes that have one (Volcano PodGroups), where they are served.
-        self.group_kinds = {ChildKind(r.group_resource.kind) for r in all_group_rules()} & set(self.child_resources)
+        self.child_resources = discovery.child_resources(kube, self.provreq_version, self.served)
+        # The group objects of the modes that have them (Volcano PodGroups; Workloads and PodGroups), where served.
+        self.group_kinds = {k for r in all_group_rules() for k in r.group_kinds} & set(self.child_resources)
         rs = self.options.resync_seconds
         # Compact caches: ten thousand held jobs and their children fit in tens of MB, not hundreds.
         self.jobs = {kind: Informer(kube, res, label_selector=keys.STATE_LABEL, resync_seconds=rs,
@@ -443,6 +446,8 @@ class Controller:
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
+            elif isinstance(action, decision.PatchChild):
+                self._patch_child(key[1], action)
             elif isinstance(action, decision.ReleasePod):
                 releases.append(self._side.submit(self._release, key[1], action))
             elif isinstance(action, decision.Emit):
@@ -478,6 +483,20 @@ class Controller:
             self._created[ck] = child_view(created)
         return True
 
+    def _patch_child(self, namespace: str, action: decision.PatchChild) -> None:
+        """Record something on a child (gone already: nothing to record)."""
+        res = self.child_resources.get(action.kind)
+        if res is None:
+            return
+        try:
+            patched = self.kube.patch(res, action.name, list(action.ops), namespace, content_type=JSON_PATCH)
+        except ApiError as err:
+            if err.not_found:
+                return
+            raise
+        with self._lock:
+            self._created[(action.kind, namespace, action.name)] = child_view(patched)
+
     def _delete(self, namespace: str, action: decision.Delete) -> None:
         res = self.child_resources.get(action.kind)
         if res is None:
@@ -498,8 +517,13 @@ class Controller:
             requests=tuple(r for r in every if not get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
             scale_ups=tuple(r for r in every if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
             consumers=consumers, templates=tuple(kids.get(ChildKind.POD_TEMPLATE, ())),
-            groups=tuple(g for kind in self.group_kinds for g in kids.get(kind, ())),
+            # With their kind: two modes' groups are both of kind PodGroup, and list items come without it.
+            groups=tuple(with_kind(g, (res := self.child_resources[kind]).kind, res.api_version)
+                         for kind in sorted(self.group_kinds) for g in kids.get(kind, ())),
             pods=self.pods.pods_of(key, policy, self._claim_template) if key and policy else (),
+            served=self.served,
+            bound={meta_str(g, "name"): self.pods.bound(namespace, meta_str(g, "name"))
+                   for kind in self.group_kinds for g in kids.get(kind, ())},
         )
 
     def _release(self, namespace: str, action: decision.ReleasePod) -> None:

@@ -12,6 +12,7 @@ say which request is current; any other request the job owns is stale and is del
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -19,9 +20,10 @@ from typing import Any
 
 from raygate.core import booking, keys, limits, podgate
 from raygate.core import quantity as q
+from raygate.core.api import OFFLINE, Served
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, rules_for
+from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, recorded_mode, rules_for
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
@@ -30,6 +32,7 @@ from raygate.reconciler import children, gating
 from raygate.reconciler.children import BadInput
 
 PREREQUISITE_RECHECK_SECONDS = 10.0
+GROUP_GONE_RECHECK_SECONDS = 1.0  # a group being deleted with no pods goes within a second or two
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
 GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
 
@@ -52,7 +55,8 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
         actions = delete_all(obs)
         if (rules := group_rules(mode)) is not None:
-            actions += [Delete(ChildKind(rules.group_resource.kind), _name(g)) for g in obs.groups]
+            # A PodGroup stays (its protection finalizer) until its pods are terminal, then goes.
+            actions += [Delete(rules.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FINISHED)
     if state == keys.State.PENDING:
         return _pending(w, obs, policy, now, provreq_version)
@@ -61,7 +65,7 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
     if state == keys.State.ADMITTED:
         return _admitted(w, obs, policy, now, provreq_version)
     if state == keys.State.FAILED:
-        actions = delete_all(obs)  # finishes a give-up interrupted between its patch and its deletes
+        actions = [*delete_all(obs), *_stopped_groups(w, obs)]  # finishes a give-up interrupted before its deletes
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
     return Plan(outcome=Outcome.UNKNOWN_STATE)
 
@@ -91,7 +95,18 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
         Emit(event_reason, f"{message}. {held}; {restart}", warning=True,
              name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
     ]
-    return Plan([*actions, *delete_all(obs)], outcome=Outcome.FAILED)
+    return Plan([*actions, *delete_all(obs), *_stopped_groups(w, obs)], outcome=Outcome.FAILED)
+
+
+def _stopped_groups(w: Workload, obs: Observed) -> list[Action]:
+    """A stopped job's group objects where its pods name one per admission (native mode): a new start makes
+    its own, and the stopped one's record of a bound gang must not reach it. (Volcano's are kept: its pod
+    templates name the group from creation on.)"""
+    mode = recorded_mode(w.annotations)
+    rules = group_rules(mode) if mode is not None else None
+    if rules is None or rules.named_at_creation:
+        return []
+    return [Delete(rules.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
 
 
 def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
@@ -164,6 +179,15 @@ class PatchJob:
 
 
 @dataclass(frozen=True)
+class PatchChild:
+    """A JSON patch of a child raygate made (what it records on a group object)."""
+
+    kind: ChildKind
+    name: str
+    ops: tuple[PatchOp, ...]
+
+
+@dataclass(frozen=True)
 class ReleasePod:
     """Lift raygate's gate from a pod, naming the booking it consumes (a JSON patch that tests the gate)."""
 
@@ -179,7 +203,7 @@ class Emit:
     name: str | None = None  # deterministic, so a replay records no second Event
 
 
-Action = Create | Delete | PatchJob | ReleasePod | Emit
+Action = Create | Delete | PatchJob | PatchChild | ReleasePod | Emit
 
 
 @dataclass
@@ -203,8 +227,11 @@ class Observed:
     cluster: JSON | None = None  # a RayJob's: KubeRay's RayCluster for it, whose spec KubeRay runs now
     consumers: Mapping[str, int] = field(default_factory=dict)  # request name -> its pods that still run
     templates: tuple[JSON, ...] = ()  # PodTemplates this job controls
-    groups: tuple[JSON, ...] = ()  # group objects (Volcano PodGroups) raygate created for this job
+    # Group objects raygate created for this job (Volcano PodGroups; Workloads and PodGroups), with kind set.
+    groups: tuple[JSON, ...] = ()
     prerequisite: JSON | None = None  # a group still to create: its prerequisite as read (None: missing)
+    served: Served = OFFLINE  # what the cluster serves (discovery, when the reconciler started)
+    bound: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # group -> Ray cluster -> bound pods
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if _name(r) == name), None)
@@ -260,15 +287,10 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
         attempt = _pending_attempt(w)
         name = needs.request_name(w, attempt)
         plan = Plan(_delete_requests(obs, keep=name if needs.provision else None))
-        if needs.group is not None and needs.group_rules is not None and not obs.groups:
-            rules = needs.group_rules
-            problem = rules.prerequisite_problem(needs.group, obs.prerequisite)
-            if problem is not None:
-                _hold(w, problem, rules.prerequisite_reason, plan, problem)
-                plan.requeue(min(PREREQUISITE_RECHECK_SECONDS, policy.retry.base_seconds))
-                plan.outcome = Outcome.PREREQUISITE_MISSING
-                return plan
-            plan.actions.append(Create(ChildKind(rules.group_resource.kind), rules.group_object(w, needs.group)))
+        if needs.group is not None and needs.group_rules is not None:
+            held = _ensure_group(w, obs, policy, needs.group, needs.group_rules, plan)
+            if held is not None:
+                return held
         if not needs.provision:
             return _admit(w, plan, None, policy, needs, now)
         plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
@@ -289,6 +311,43 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
     plan.requeue(policy.provisioning.provisioned_timeout_seconds)
     plan.outcome = Outcome.REQUESTED
     return plan
+
+
+def _deleting(obj: Mapping[str, Any]) -> bool:
+    return bool(get(obj, ("metadata", "deletionTimestamp")))
+
+
+def _ensure_group(w: Workload, obs: Observed, policy: NamespacePolicy, spec: GroupSpec, rules: GroupRules,
+                  plan: Plan) -> Plan | None:
+    """The held job's group objects: create what is missing (once the prerequisite is met), delete those made
+    for its gang as it was before an edit. Returns the plan when the job must wait first."""
+    if obs.served.known and not rules.resources(obs.served):
+        raise BadInput("; ".join(rules_for(policy.mode).cluster_problems(obs.served))
+                       or f"this cluster serves no API for {', '.join(rules.group_kinds)}")
+    mine = [g for g in obs.groups if _name(g) == spec.name]
+    # Group objects are immutable where they are native: a job whose gang changed while held gets new ones.
+    plan.actions += [Delete(rules.kind_of(g), _name(g)) for g in obs.groups
+                     if _name(g) != spec.name and not _deleting(g)]
+    if any(_deleting(g) for g in mine):
+        # Created again under the same name before it is gone, it would vanish under the job's pods.
+        why = f"waiting for {spec.name}, which is being deleted, to go before it is made again"
+        _hold(w, why, "GroupDeleting", plan, spec.name)
+        plan.requeue(GROUP_GONE_RECHECK_SECONDS)
+        plan.outcome = Outcome.WAITING
+        return plan
+    have = {rules.kind_of(g) for g in mine}
+    missing = [(kind, obj) for kind, obj in rules.group_objects(w, spec, obs.served) if kind not in have]
+    if not missing:
+        return None
+    if not mine:
+        problem = rules.prerequisite_problem(spec, obs.prerequisite)
+        if problem is not None:
+            _hold(w, problem, rules.prerequisite_reason, plan, problem)
+            plan.requeue(min(PREREQUISITE_RECHECK_SECONDS, policy.retry.base_seconds))
+            plan.outcome = Outcome.PREREQUISITE_MISSING
+            return plan
+    plan.actions += [Create(kind, obj) for kind, obj in missing]
+    return None
 
 
 def _pending_attempt(w: Workload) -> int:
@@ -384,6 +443,13 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
     if name != needs.request_name(w, attempt):
         return _replace(w, obs, policy, now, version, name)
     plan = Plan(_delete_requests(obs, keep=name))
+    if needs.group is not None and needs.group_rules is not None:
+        try:  # the gang may change without changing what is booked (a CPU group): its group follows
+            held = _ensure_group(w, obs, policy, needs.group, needs.group_rules, plan)
+        except BadInput as err:
+            return fail(w, obs, str(err))
+        if held is not None:
+            return held
     due = parse_time(w.annotations.get(keys.NEXT_ATTEMPT_ANNOTATION))
     if due is not None and now < due:
         plan.requeue((due - now).total_seconds())
@@ -473,10 +539,10 @@ def _group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Pla
         return None
     group = next((g for g in obs.groups if _name(g) == spec.name), None)
     changes = rules.drift(spec, group) if group is not None else []
-    if not changes:
+    if not changes or group is None:
         return None
     plan = fail(w, obs, rules.rewritten(spec, changes), event_reason=rules.rewritten_reason, suspend=True)
-    plan.actions.append(Delete(ChildKind(rules.group_resource.kind), spec.name))
+    plan.actions.append(Delete(rules.kind_of(group), spec.name))
     plan.outcome = Outcome.GROUP_REWRITTEN
     return plan
 
@@ -513,9 +579,19 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
     desired = _desired(w, obs, policy)
+    rules = group_rules(policy.mode)
+    made = frozenset(_name(g) for g in obs.groups if not _deleting(g))
+    closing = frozenset(_name(g) for g in obs.groups if _deleting(g))
     g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
                     desired={key: count for key, (count, _, _) in desired.items()},
-                    room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods)
+                    room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods,
+                    made=made if rules is not None else None, closing=closing)
+    if rules is not None:
+        plan.actions += _increments(w, obs, rules, g, made)
+        plan.actions += [PatchChild(rules.kind_of(grp), _name(grp), tuple(ops)) for grp in obs.groups
+                         if not _deleting(grp) and (ops := rules.marks(grp, obs.bound.get(_name(grp), {})))]
+        if any(p.group in closing for p in obs.pods if p.gated):
+            plan.requeue(GROUP_GONE_RECHECK_SECONDS)  # its pods are released into the group made again
     classes = {_name(r): str(get(r, ("spec", "provisioningClassName")) or "") for r in every}
     plan.actions += [ReleasePod(p.name, tuple(podgate.release_ops(p.obj, r, classes[r]))) for p, r in g.release]
     existing = sorted(classes)
@@ -538,6 +614,25 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in g.delete
                      if not obs.consumers.get(name)]
     _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
+
+
+def _increments(w: Workload, obs: Observed, rules: GroupRules, g: gating.GatePlan, made: frozenset[str]
+                ) -> list[Action]:
+    """The groups of the pods released now that name one raygate has not made (a scale-up's increment, named by
+    the pod webhook), made before their gates are lifted, with minCount = the pods released into them; and the
+    increments none of whose pods is left."""
+    releasing: dict[str, list[gating.Pod]] = {}
+    for p, _ in g.release:
+        if p.group is not None and p.group not in made:
+            releasing.setdefault(p.group, []).append(p)
+    running = Counter(p.group for p in obs.pods if p.group is not None and not p.gated and p.runs)
+    out: list[Action] = [Create(kind, obj) for name, pods in sorted(releasing.items())
+                         for kind, obj in rules.increment_objects(w, name, pods[0].pod_set, len(pods) + running[name],
+                                                                  obs.served)]
+    named = {p.group for p in obs.pods if p.gated or p.runs}
+    out += [Delete(rules.kind_of(grp), _name(grp)) for grp in obs.groups
+            if rules.is_increment(grp) and _name(grp) not in named and not _deleting(grp)]
+    return out
 
 
 def _desired(w: Workload, obs: Observed, policy: NamespacePolicy) -> dict[gating.Key, tuple[int, JSON, q.Resources]]:

@@ -13,6 +13,10 @@ ones included, so overlapping scale-ups each book their own increment. When pods
 request is Provisioned, a pending request larger than what still waits is replaced by one of the
 right size; a Provisioned scale-up whose pods are all gone is deleted (a booking lives as long as
 its pods, and no longer).
+
+Where pods name a group that gang-schedules them (Kubernetes' PodGroup, spec.schedulingGroup), a group
+raygate has still to make (a scale-up's increment: made with minCount = the pods released into it) gets
+its gated pods released all together or not yet, and a group being deleted gets none.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Pod:
     consumes: str | None  # the request named in its consume annotation (released pods)
     digest: str = ""  # gated pods: match_digest of the pod
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # gated pods: the pod, to template it
+    group: str | None = None  # the PodGroup it names (spec.schedulingGroup.podGroupName)
 
 
 @dataclass
@@ -111,13 +116,16 @@ def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> d
 
 
 def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON], templates: Sequence[JSON],
-         *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int) -> GatePlan:
+         *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int,
+         made: frozenset[str] | None = None, closing: frozenset[str] = frozenset()) -> GatePlan:
     """Release what the bookings cover, book what they do not.
 
     `desired`: per (pod set, digest), the pods the object's spec runs now (KubeRay creates them one by one:
     a scale-up is booked for the whole increment the spec asks for, not pod by pod); `room`: pods the
     object may still have booked (limits.maxPods less every request's pods); `most_per_request`:
-    limits.maxRequestPods."""
+    limits.maxRequestPods. `made`: the groups that exist (None: pods name none raygate makes); `closing`:
+    groups being deleted. A pod naming a group not made is released only with every gated pod naming it; a
+    pod naming a closing group is not released (its slot stays its own)."""
     out = GatePlan()
     desired = desired or {}
     free = slots([*requests, *scale_ups], templates)
@@ -138,6 +146,8 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
         s.used += 1
         released[(p.pod_set, p.digest)] += 1
         out.release.append((p, s.request))
+    if made is not None:
+        _whole_groups(out, uncovered, made, closing)
     pending = pending_scale_ups(scale_ups, templates)
     scale_up_names = {meta_str(r, "name") for r in scale_ups}
     keys_ = set(uncovered) | set(pending) | set(desired) | {(s.pod_set, s.digest) for s in free}
@@ -160,7 +170,7 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
                 out.create.append((key, ask, waiting[-1] if waiting else None))
                 room -= ask
         if waiting:
-            out.waiting[key] = len(waiting)
+            out.waiting[key] = out.waiting.get(key, 0) + len(waiting)
         # A Provisioned scale-up that covers no pod and no pod the spec still asks for has done its work.
         for s in (s for s in free if (s.pod_set, s.digest) == key and s.request in scale_up_names and s.used == 0):
             if booked - s.count >= want and s.request not in out.delete:
@@ -171,6 +181,22 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
     return out
 
 
+def _whole_groups(out: GatePlan, uncovered: Mapping[Key, list[Pod]], made: frozenset[str],
+                  closing: frozenset[str]) -> None:
+    """Hold back the releases of groups still to make whose gated pods are not all covered yet, and of groups
+    being deleted: their slots stay reserved for them, and they count as waiting."""
+    incomplete = {p.group for waiting in uncovered.values() for p in waiting if p.group and p.group not in made}
+    held = incomplete | closing
+    kept = []
+    for p, request in out.release:
+        if p.group is not None and p.group in held:
+            key = (p.pod_set, p.digest)
+            out.waiting[key] = out.waiting.get(key, 0) + 1
+        else:
+            kept.append((p, request))
+    out.release = kept
+
+
 def pod_of(pod: Mapping[str, Any], digest: str) -> Pod:
     annotations = get(pod, ("metadata", "annotations")) or {}
     consumes = annotations.get(keys.CONSUME_ANNOTATION) if isinstance(annotations, Mapping) else None
@@ -179,7 +205,8 @@ def pod_of(pod: Mapping[str, Any], digest: str) -> Pod:
                pod_set=podgate.pod_set_of(pod), gated=is_gated,
                runs=get(pod, ("status", "phase")) not in TERMINAL_POD_PHASES,
                consumes=consumes if isinstance(consumes, str) and consumes else None,
-               digest=digest, obj=dict(pod) if is_gated else {})
+               digest=digest, obj=dict(pod) if is_gated else {},
+               group=group if isinstance(group := get(pod, keys.POD_GROUP_NAME_PATH), str) and group else None)
 
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})

@@ -41,10 +41,14 @@ def pod_view(obj: JSON) -> JSON:
     consumes = get(meta, ("annotations", keys.CONSUME_ANNOTATION))
     view: JSON = {"metadata": {
         **{k: meta.get(k) for k in ("name", "namespace", "creationTimestamp")},
-        "labels": {k: labels[k] for k in (keys.RAY_GROUP_LABEL, keys.POD_GATE_LABEL) if k in labels},
+        "labels": {k: labels[k] for k in (keys.RAY_GROUP_LABEL, keys.POD_GATE_LABEL, keys.RAY_CLUSTER_LABEL)
+                   if k in labels},
         "ownerReferences": meta.get("ownerReferences") or [],
         **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
         "status": {"phase": get(obj, ("status", "phase"))}}
+    if (group := get(obj, ("spec", "schedulingGroup"))) is not None:
+        # The gang group it joined (native mode), and whether it is bound yet.
+        view["spec"] = {"schedulingGroup": group, "nodeName": get(obj, ("spec", "nodeName"))}
     if podgate.gated(obj):
         view["spec"] = obj.get("spec")
         view["metadata"]["labels"] = {**labels}
@@ -69,6 +73,15 @@ class Seen:
     gated: bool
     runs: bool
     consumes: str | None
+    bound_in: tuple[str, str] | None = None  # bound and running: (its gang group, its Ray cluster)
+
+
+def bound_in(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(group, Ray cluster) of a pod that names a gang group, is bound to a node and still runs."""
+    group = get(pod, keys.POD_GROUP_NAME_PATH)
+    if not isinstance(group, str) or not get(pod, ("spec", "nodeName")) or not runs(pod):
+        return None
+    return group, str(get(pod, ("metadata", "labels", keys.RAY_CLUSTER_LABEL)) or "")
 
 
 class PodIndex:
@@ -88,6 +101,7 @@ class PodIndex:
         self._seen: dict[PodKey, Seen] = {}
         self._of: dict[JobKey, set[PodKey]] = {}
         self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
+        self._bound: dict[tuple[str, str], dict[str, int]] = {}  # (namespace, group) -> Ray cluster -> bound pods
         self._released: dict[PodKey, JSON] = {}  # released by us, not yet shown by the watch
         self.jobs = Informer(kube, JOBS, label_selector=KUBERAY_JOBS, resync_seconds=resync_seconds,
                              transform=job_view, page_size=page_size)
@@ -154,7 +168,8 @@ class PodIndex:
         gone = event == "DELETED"
         consumes = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
         owner = None if gone else self.owner(obj)
-        now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None)
+        now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
+                   None if gone else bound_in(obj))
         with self._lock:
             before = self._seen.pop(key, None)
             touched = {c for c in (before.consumes if before else None, now.consumes) if c}
@@ -180,7 +195,15 @@ class PodIndex:
             self._on_unowned(key)
 
     def _count(self, key: PodKey, seen: Seen, step: int) -> None:
-        """Keep the consumers of each request (caller holds the lock)."""
+        """Keep the consumers of each request and the bound pods of each gang group (caller holds the lock)."""
+        if seen.bound_in is not None:
+            group, cluster = seen.bound_in
+            clusters = self._bound.setdefault((key[0], group), {})
+            clusters[cluster] = clusters.get(cluster, 0) + step
+            if not clusters[cluster]:
+                del clusters[cluster]
+            if not clusters:
+                del self._bound[(key[0], group)]
         if seen.consumes is None or seen.gated or not seen.runs:
             return
         pods = self._consuming.setdefault((key[0], seen.consumes), set())
@@ -222,6 +245,11 @@ class PodIndex:
                 digest = podgate.match_digest(pod.get("spec"), managed)
             out.append(gating.pod_of(pod, digest))
         return tuple(out)
+
+    def bound(self, namespace: str, group: str) -> dict[str, int]:
+        """The pods bound in a gang group that still run, per Ray cluster."""
+        with self._lock:
+            return dict(self._bound.get((namespace, group), {}))
 
     def consumers(self, namespace: str, request: str) -> int:
         """Pods that consume `request` and still run (released pods only: a gated pod consumes nothing)."""

@@ -52,7 +52,7 @@ def _reviewer(state: WebhookState, endpoint: str, decide: Decide) -> Reviewer:
         started = perf_counter()
         in_flight.inc()
         try:
-            result = answer(body, decide, state.config, state.namespace_labels, state.claim_template)
+            result = answer(body, decide, state.config, state.namespace_labels, state.claim_template, state.members)
         finally:
             in_flight.dec()
         latency.observe(perf_counter() - started)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from raygate.core import dra, keys, limits, podgate
-from raygate.core.modes import recorded_mode, rules_for
+from raygate.core.modes import NO_MEMBERS, Members, recorded_mode, rules_for
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.policy import NamespacePolicy, RaygateConfig
@@ -99,13 +99,13 @@ def _unreadable(request: AdmissionRequest, err: ManifestError) -> Decision:
 
 
 def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-           claims: dra.ClaimTemplates = dra.no_templates) -> Decision:
+           claims: dra.ClaimTemplates = dra.no_templates, members: Members = NO_MEMBERS) -> Decision:
     """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason.
 
-    `ns_labels` and `claims` (DRA claim templates) come from the server's caches."""
+    `ns_labels`, `claims` (DRA claim templates) and `members` (pods in groups) come from the server's caches."""
     try:
         if kind_of(request) == pods.POD_KIND:
-            return pods.mutate(request, ns_labels, config, claims)
+            return pods.mutate(request, ns_labels, config, claims, members)
         return _mutate(request, ns_labels, config, claims)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)
@@ -166,7 +166,8 @@ def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:
             if guard.raygate_owned(key) and not b.written(path):
                 b.remove(path)
     for _, template in w.template_paths():
-        for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
+        # The booking a pod consumes, and the gang group the pod webhook puts it in, are raygate's to write.
+        for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION, keys.GANG_GROUP_ANNOTATION):
             b.remove((*template, "metadata", "annotations", key))
 
 
@@ -200,11 +201,11 @@ def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Dec
 # --- the validating guard -------------------------------------------------------------------------
 
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-             claims: dra.ClaimTemplates = dra.no_templates) -> Decision:
+             claims: dra.ClaimTemplates = dra.no_templates, members: Members = NO_MEMBERS) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
     try:
         if kind_of(request) == pods.POD_KIND:
-            return pods.validate(request, ns_labels, config, claims)
+            return pods.validate(request, ns_labels, config, claims, members)
         return _validate(request, ns_labels, config, claims)
     except ManifestError as err:
         return _unreadable(request, err)
@@ -271,4 +272,4 @@ def _not_held(w: Workload, namespace: str, patch: list[PatchOp]) -> str:
 
 class Decide(Protocol):
     def __call__(self, request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-                 claims: dra.ClaimTemplates = ..., /) -> Decision: ...
+                 claims: dra.ClaimTemplates = ..., members: Members = ..., /) -> Decision: ...

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import orjson
 
 from raygate.core.dra import ClaimTemplates, no_templates
+from raygate.core.modes import NO_MEMBERS, Members
 from raygate.core.policy import RaygateConfig
 from raygate.webhook.decision import Decide
 from raygate.webhook.review import AdmissionRequest, BadReview, parse_review, response
@@ -38,14 +39,14 @@ def _unknown(namespace: str) -> None:
 
 
 def answer(body: bytes, decide: Decide, config: RaygateConfig, labels_for: LabelsFor = _unknown,
-           claims: ClaimTemplates = no_templates) -> Answer:
+           claims: ClaimTemplates = no_templates, members: Members = NO_MEMBERS) -> Answer:
     try:
         review, req = parse_review(body)
     except BadReview as err:
         return Answer(400, orjson.dumps({"error": str(err)}))
     namespace = req.get("namespace") or ""
     try:
-        decision = decide(req, labels_for(namespace if isinstance(namespace, str) else ""), config, claims)
+        decision = decide(req, labels_for(namespace if isinstance(namespace, str) else ""), config, claims, members)
     except Exception as err:  # a bug must never become an HTTP 500 or a silent allow
         log.exception("admission decision failed", extra={"uid": req["uid"], "namespace": str(namespace)})
         decision = Decision(

@@ -1,6 +1,7 @@
 """The admission decision for pods: gate every pod that asks for a managed resource, and let nobody but
-raygate's reconciler lift the gate. Pure, like the decision for Ray objects (raygate.core.podgate
-says why the gate is at the pod).
+raygate's reconciler lift the gate; put every pod of a gang scheduled through a group (native mode:
+Kubernetes' PodGroup) into it. Pure, like the decision for Ray objects (raygate.core.podgate says why
+the gate is at the pod; the mode's GroupRules which group a pod joins, from the webhook's caches).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import dra, keys, podgate
+from raygate.core.modes import NO_MEMBERS, Members, all_group_rules
 from raygate.core.objects import get, labels
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
@@ -27,13 +29,17 @@ def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
     namespace = namespace if isinstance(namespace, str) else ""
     if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
         return "skipped-namespace"
-    if not podgate.gates_pods(config.policy_for(namespace)):
-        return "pod-not-gated-here"  # kueue mode (Kueue is the gate), or a namespace that books nothing
     return pod, namespace
 
 
+def _in_group(pod: Mapping[str, object]) -> bool:
+    """A pod of a gang that some mode schedules through a group (its template says which, whatever the
+    namespace's mode is now: a job keeps the mode it was admitted under)."""
+    return any(r.names_group(pod) is not None for r in all_group_rules())
+
+
 def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-           claims: dra.ClaimTemplates) -> Decision:
+           claims: dra.ClaimTemplates, members: Members = NO_MEMBERS) -> Decision:
     if request.get("operation") != "CREATE":
         return allow("skipped-operation")
     subject = _subject(request, ns_labels, config)
@@ -41,33 +47,47 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
-    if not podgate.needs_gate(pod, policy, claims, namespace):
-        return allow("pod-without-managed-resources")
-    if get(pod, ("spec", "nodeName")):
+    gated = podgate.gates_pods(policy) and podgate.needs_gate(pod, policy, claims, namespace)
+    if not gated and not _in_group(pod):
+        # kueue mode (Kueue is the gate), a namespace that books nothing, or a pod that asks for no GPU
+        return allow("pod-without-managed-resources" if podgate.gates_pods(policy) else "pod-not-gated-here")
+    if gated and get(pod, ("spec", "nodeName")):
         return refuse(f"raygate gates pods that ask for {policy.managed_names()} in namespace {namespace} until a "
                       "booking covers them, and this pod names a node (spec.nodeName), which skips the scheduler "
                       "and its gates: remove nodeName from the pod template and choose nodes with a nodeSelector "
                       "or affinity", mode=policy.mode)
     b = PatchBuilder(pod)
-    podgate.gate(b, pod)
-    return Decision(allowed=True, outcome="gated" if b.ops else "unchanged", patch=b.ops, mode=policy.mode)
+    if gated:
+        podgate.gate(b, pod)
+    for rules in all_group_rules():
+        rules.pod_patch(b, pod, namespace, gated, members)
+    outcome = ("gated" if gated else "grouped") if b.ops else "unchanged"
+    return Decision(allowed=True, outcome=outcome, patch=b.ops, mode=policy.mode)
 
 
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-             claims: dra.ClaimTemplates) -> Decision:
+             claims: dra.ClaimTemplates, members: Members = NO_MEMBERS) -> Decision:
     subject = _subject(request, ns_labels, config)
     if isinstance(subject, str):
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
     if request.get("operation") == "CREATE":
-        # Validation runs after every mutating webhook: the pod must be stored gated.
+        # Validation runs after every mutating webhook (and after the API server dropped the fields it does not
+        # serve): the pod must be stored gated, and in its group.
+        for rules in all_group_rules():
+            if (problem := rules.pod_problem(pod)) is not None:
+                return refuse(problem, mode=policy.mode)
+        if not podgate.gates_pods(policy):
+            return allow("pod-not-gated-here")
         if podgate.needs_gate(pod, policy, claims, namespace) and not podgate.gated(pod):
             return refuse(f"pod {get(pod, ('metadata', 'name')) or ''} asks for {policy.managed_names()} and would "
                           f"be stored without raygate's scheduling gate {keys.CAPACITY_GATE}: another mutating "
                           "webhook removed it, or raygate's did not run (cluster admins: check `kubectl get "
                           "mutatingwebhookconfiguration raygate-mutating`)", mode=policy.mode)
         return allow("valid")
+    if not podgate.gates_pods(policy):
+        return allow("pod-not-gated-here")
     old = request.get("oldObject")
     if request.get("operation") != "UPDATE" or not isinstance(old, dict):
         return allow("skipped-operation")

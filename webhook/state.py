@@ -1,5 +1,5 @@
-"""What a review is decided against: the live config, the namespace labels and the DRA claim templates,
-kept current by watches so that answering a review never calls the API server."""
+"""What a review is decided against: the live config, the namespace labels, the DRA claim templates and
+raygate's gang groups, kept current by watches so that answering a review never calls the API server."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 
 from raygate.core import dra, keys
 from raygate.core.api import CLAIM_TEMPLATES, NAMESPACES
+from raygate.core.modes import NO_MEMBERS, Members
 from raygate.core.objects import JSON, labels
 from raygate.core.policy import RaygateConfig
+from raygate.kube import discovery
 from raygate.kube.client import Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.webhook import metrics
+from raygate.webhook.gangs import GangGroups
 
 log = logging.getLogger("raygate.webhook")
 
@@ -24,6 +27,7 @@ class WebhookState:
     config_source: ConfigSource
     namespaces: Informer | None = None  # None: offline (tests, `raygate explain`): every namespace opted in
     claim_templates: Informer | None = None  # None: offline, or the cluster serves no DRA: none is seen
+    gangs: GangGroups | None = None  # None: offline, or the cluster serves no gang scheduling: no group is known
     certificate_loaded: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -41,6 +45,10 @@ class WebhookState:
     def claim_template(self, namespace: str, name: str) -> JSON | None:
         return self.claim_templates.get(namespace, name) if self.claim_templates is not None else None
 
+    @property
+    def members(self) -> Members:
+        return self.gangs if self.gangs is not None else NO_MEMBERS
+
     def not_ready(self) -> list[str]:
         """What is still missing before this worker may serve; empty when ready."""
         missing = []
@@ -50,6 +58,8 @@ class WebhookState:
             missing.append("namespace cache")
         if self.claim_templates is not None and not self.claim_templates.synced.is_set():
             missing.append("ResourceClaimTemplate cache")
+        if self.gangs is not None and not self.gangs.informer.synced.is_set():
+            missing.append("PodGroup cache")
         if not self.certificate_loaded.is_set():
             missing.append("certificate")
         return missing
@@ -65,6 +75,8 @@ class WebhookState:
         informer = Informer(kube, NAMESPACES, resync_seconds=600).start()
         claims = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=600, transform=dra.template_view).start()
                   if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
-        source = ConfigSource(kube, namespace, on_result=result).start()
-        return cls(config_source=source, namespaces=informer, claim_templates=claims)
+        served = discovery.served(kube)  # a config whose mode this cluster cannot run is rejected
+        gangs = GangGroups(kube, served).start() if served.gang_version is not None else None
+        source = ConfigSource(kube, namespace, on_result=result, served=served).start()
+        return cls(config_source=source, namespaces=informer, claim_templates=claims, gangs=gangs)
 

@@ -6,7 +6,7 @@ importing the client; raygate.kube.client turns them into requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from raygate.core import keys
@@ -63,3 +63,30 @@ VALIDATING_WEBHOOKS = Resource(
 def provisioning_requests(version: str) -> Resource:
     return Resource(keys.PROVREQ_GROUP, version, keys.PROVREQ_PLURAL, keys.ChildKind.PROVISIONING_REQUEST)
 
+
+
+def gang_workloads(version: str) -> Resource:
+    return Resource(keys.GANG_GROUP, version, "workloads", keys.ChildKind.WORKLOAD)
+
+
+def gang_pod_groups(version: str) -> Resource:
+    return Resource(keys.GANG_GROUP, version, "podgroups", "PodGroup")
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a cluster serves of the optional APIs raygate's modes use, as discovery found it when the
+    component started (kube/discovery.py). `known` False: nobody asked (offline: `raygate explain` without
+    a cluster, unit tests), so nothing is refused for want of an API."""
+
+    group_versions: frozenset[str] = field(default_factory=frozenset)  # "group/version"
+    gang_version: str | None = None  # scheduling.k8s.io's Workload and PodGroup (v1beta1, else v1alpha2)
+    known: bool = True
+
+    def serves(self, group: str, version: str) -> bool:
+        return f"{group}/{version}" in self.group_versions
+
+
+OFFLINE = Served(known=False)
+# What raygate assumes offline: the version Kubernetes 1.36 (the pinned stack) serves.
+ASSUMED_GANG_VERSION = "v1alpha2"

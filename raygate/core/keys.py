@@ -27,7 +27,8 @@ CAPACITY_GATE = f"{DOMAIN}/capacity"
 POD_GATE_LABEL = f"{DOMAIN}/pod-gate"
 POD_GATED = "gated"
 POD_RELEASED = "released"
-# On a ProvisioningRequest that books a scale-up (pods beyond the admitted gang): its pod set's name.
+# On a ProvisioningRequest that books a scale-up (pods beyond the admitted gang), and on the PodGroup of a
+# scale-up's increment (native mode): its pod set's name.
 SCALE_UP_ANNOTATION = f"{DOMAIN}/scale-up"
 # On a Ray object: why its latest scale-up waits (pods gated until their request is Provisioned).
 SCALE_UP_REASON_ANNOTATION = f"{DOMAIN}/scale-up-reason"
@@ -45,11 +46,13 @@ MANAGED_BY_VALUE = "raygate"
 
 class ChildKind(StrEnum):
     """The kinds of object the reconciler creates for a job (owned by it, labelled managed-by raygate), in
-    the order they are deleted: a request before the templates it names."""
+    the order they are deleted: a request before the templates it names, a PodGroup before its Workload."""
 
     PROVISIONING_REQUEST = "ProvisioningRequest"
     POD_TEMPLATE = "PodTemplate"
     POD_GROUP = "PodGroup"  # Volcano's
+    GANG_POD_GROUP = "PodGroup.scheduling.k8s.io"  # Kubernetes' own (native mode): its kind is PodGroup too
+    WORKLOAD = "Workload"  # Kubernetes' own (native mode)
 
 
 class State(StrEnum):
@@ -103,6 +106,29 @@ VOLCANO_SCHEDULER = "volcano"
 VOLCANO_QUEUE_LABEL = "volcano.sh/queue-name"
 VOLCANO_GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO_TASK_SPEC_ANNOTATION = "volcano.sh/task-spec"
+
+# --- Kubernetes' own gang scheduling (KEP-4671: Workload and PodGroup) -----------------------------
+GANG_GROUP = "scheduling.k8s.io"
+GANG_VERSIONS = ("v1beta1", "v1alpha2")  # preferred first: 1.37 serves v1beta1 and removes v1alpha2
+GANG_RESOURCES = ("workloads", "podgroups")  # both must be served (scheduling.k8s.io/v1beta1 was once PriorityClass)
+GANG_TEMPLATE = "gang"  # the one PodGroupTemplate of the Workload raygate makes
+GANG_PROTECTION_FINALIZER = "scheduling.k8s.io/podgroup-protection"  # kept until the group's pods are terminal
+GANG_SCHEDULED_CONDITION = "PodGroupScheduled"  # set by kube-scheduler on the PodGroup
+# On a pod template of a job admitted in native mode (the reconciler writes it in the patch that unsuspends
+# it): the PodGroup its pods join. The pod webhook reads it from the pod at CREATE and writes
+# spec.schedulingGroup.podGroupName (KubeRay's CRDs prune that field from templates, and it is immutable
+# once the pod exists).
+GANG_GROUP_ANNOTATION = f"{DOMAIN}/gang-group"
+# On the gang's PodGroup (native mode; the reconciler writes it): the Ray cluster whose gang kube-scheduler
+# bound, minCount of its pods at once. From then on the pod webhook puts that cluster's new gated pods (a
+# scale-up, a restart) into PodGroups of their own; another cluster's (a RayJob's retry) still join the gang's.
+GANG_BOUND_ANNOTATION = f"{DOMAIN}/gang-bound"
+POD_GROUP_NAME_PATH = ("spec", "schedulingGroup", "podGroupName")  # where a pod names its PodGroup
+# What a cluster needs to serve and run it (Kubernetes 1.36), as the flags of each component.
+GANG_APISERVER_FLAGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1alpha2=true")
+GANG_CONTROLLER_MANAGER_FLAGS = ("--feature-gates=GenericWorkload=true",)
+GANG_SCHEDULER_FLAGS = ("--feature-gates=GenericWorkload=true,GangScheduling=true",)
+GANG_PROTECTION_CONTROLLER = "podgroup-protection-controller"  # kube-controller-manager's, behind GenericWorkload
 
 # --- ProvisioningRequest (cluster-autoscaler) -------------------------------------------------
 PROVREQ_GROUP = "autoscaling.x-k8s.io"

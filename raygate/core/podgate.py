@@ -27,7 +27,9 @@ from raygate.core import quantity as q
 from raygate.core.modes import rules_for
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
 from raygate.core.workload import ManifestError, pod_request
+from raygate.core.workload import pod_set_of as pod_set_of
 
 if TYPE_CHECKING:
     from raygate.core.policy import NamespacePolicy
@@ -40,7 +42,6 @@ PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadCo
 # priorityClassName (the Priority admission plugin fills in a cluster's global default; it orders pods,
 # it does not choose nodes).
 MATCHED_FIELDS = tuple(f for f in PLACEMENT_FIELDS if f not in ("nodeName", "priorityClassName"))
-DEFAULT_SCHEDULER = "default-scheduler"
 # Tolerations the API server's admission plugins add to every pod (DefaultTolerationSeconds) and to
 # pods asking for an extended resource (ExtendedResourceToleration): never in a template, always on
 # the pod, so they are left out on both sides.
@@ -154,15 +155,6 @@ def release_ops(pod: Mapping[str, Any], request: str | None, class_name: str | N
         b.set(("metadata", "annotations", keys.CLASS_ANNOTATION), class_name)
     b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_RELEASED)
     return [*ops, *b.ops]
-
-
-def pod_set_of(pod: Mapping[str, Any]) -> str:
-    """The pod set a pod belongs to: its Ray group (KubeRay's label, which templates cannot override), or
-    the submitter for a pod of KubeRay's batch Job."""
-    group = get(pod, ("metadata", "labels", keys.RAY_GROUP_LABEL))
-    if isinstance(group, str) and group:
-        return keys.HEAD_GROUP_TASK if group == "headgroup" else group
-    return keys.SUBMITTER_TASK
 
 
 def template_of_pod(pod: Mapping[str, Any]) -> JSON:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from raygate.core import keys, quantity
+from raygate.core.api import OFFLINE, Served
 from raygate.core.modes import Mode, recorded_mode, rules_for
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
@@ -61,8 +62,9 @@ class RetryPolicy(_Strict):
 class ProvisioningPolicy(_Strict):
     enabled: bool | None = Field(
         None,
-        description="Create ProvisioningRequests for GPU pod sets. Default: on in provisioning mode, off in "
-        "volcano mode; never in kueue mode (use Kueue's ProvisioningRequest admission check there).",
+        description="Create ProvisioningRequests for GPU pod sets. Default: on in provisioning and native mode "
+        "(off there for static GPU pools), off in volcano mode; never in kueue mode (use Kueue's "
+        "ProvisioningRequest admission check there).",
     )
     class_name: str = Field(keys.CHECK_CAPACITY_CLASS, min_length=1, description="provisioningClassName.")
     scale_up_class_name: str = Field(
@@ -110,7 +112,9 @@ class NamespacePolicy(_Strict):
     mode: Mode = Field(
         Mode.PROVISIONING,
         description="provisioning: hold each job until its capacity is provisioned; volcano: also gang-schedule "
-        "its pods through a Volcano PodGroup; kueue: label and validate only, Kueue admits.",
+        "its pods through a Volcano PodGroup; native: also gang-schedule them through Kubernetes' own Workload "
+        "and PodGroup (kube-scheduler, Kubernetes 1.36 with its gang-scheduling feature gates); kueue: label and "
+        "validate only, Kueue admits.",
     )
     queue_name: str | None = Field(None, description="Kueue LocalQueue or Volcano Queue for jobs here.")
     priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class.")
@@ -337,8 +341,10 @@ def _problems(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[
     return out
 
 
-def parse_config(text: str) -> RaygateConfig:
-    """Parse and fully validate `config.yaml`; raise ConfigError naming every bad field."""
+def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
+    """Parse and fully validate `config.yaml`; raise ConfigError naming every bad field. `served`: what the
+    cluster serves (discovery, when the component started): a mode it cannot run is refused here, so the
+    last good config stays (OFFLINE: not checked)."""
     try:
         raw = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as err:
@@ -350,7 +356,7 @@ def parse_config(text: str) -> RaygateConfig:
         cfg = RaygateConfig.model_validate(raw, by_alias=True, by_name=False)
     except ValidationError as err:
         raise ConfigError(_problems(err)) from None
-    problems: list[str] = []
+    problems = [f"defaults.mode: {p}" for p in rules_for(cfg.defaults.mode).cluster_problems(served)]
     for ns, override in cfg.namespaces.items():
         if ns in PROTECTED_NAMESPACES:
             problems.append(f"namespaces.{ns}: raygate never acts in {ns}; remove this entry")
@@ -359,9 +365,12 @@ def parse_config(text: str) -> RaygateConfig:
             problems.append(f"namespaces.{ns}: must be a mapping of fields from defaults")
             continue
         try:
-            merge_override(cfg.defaults, override)
+            merged = merge_override(cfg.defaults, override)
         except ValidationError as err:
             problems.extend(_problems(err, ("namespaces", ns)))
+            continue
+        if merged.mode is not cfg.defaults.mode:
+            problems += [f"namespaces.{ns}.mode: {p}" for p in rules_for(merged.mode).cluster_problems(served)]
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -398,6 +398,18 @@ class Workload:
         return None
 
 
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+def pod_set_of(pod: Mapping[str, Any]) -> str:
+    """The pod set a pod belongs to: its Ray group (KubeRay's label, which templates cannot override), or
+    the submitter for a pod of KubeRay's batch Job."""
+    group = get(pod, ("metadata", "labels", keys.RAY_GROUP_LABEL))
+    if isinstance(group, str) and group:
+        return keys.HEAD_GROUP_TASK if group == "headgroup" else group
+    return keys.SUBMITTER_TASK
+
+
 def owner_reference(w: Workload) -> JSON:
     """The controller reference raygate's children carry to their job (garbage collected with it)."""
     return {

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from raygate.core import keys
 from raygate.core.errors import RaygateError
 from raygate.devenv import versions as v
 
@@ -139,7 +140,7 @@ def kwok_stages(cp: ControlPlane) -> Path:
 
 def start_capacity(cp: ControlPlane, state: State, layout: Layout | None = None) -> Layout:
     """kube-scheduler, KWOK and cluster-autoscaler, plus the CPU nodes; harmless when they already run."""
-    from raygate.devenv.controlplane import alive, free_port
+    from raygate.devenv.controlplane import alive, free_port, gang_scheduling
 
     layout = layout or Layout()
     missing = [b for b in PROCESSES if not cp.bundle.binary(b).exists()]
@@ -151,6 +152,7 @@ def start_capacity(cp: ControlPlane, state: State, layout: Layout | None = None)
             str(cp.bundle.binary("kube-scheduler")), f"--kubeconfig={kubeconfig}",
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
             "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
+            *(keys.GANG_SCHEDULER_FLAGS if gang_scheduling(state) else ()),
         ])
     if not _running(state, "kwok"):
         cp.spawn(state, "kwok", [

@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--volcano", action="store_true",
                     help="also run the Volcano scheduler and controller-manager (queues, PodGroups); implies "
                          "--capacity (Volcano binds pods to its KWOK nodes)")
+    up.add_argument("--gang-scheduling", action="store_true", default=None,
+                    help="serve and run Kubernetes' own gang scheduling (Workload and PodGroup, scheduling.k8s.io/"
+                         "v1alpha2): the feature gates GenericWorkload (kube-apiserver, with the API's runtime-config, "
+                         "and kube-controller-manager) and GangScheduling (kube-scheduler), for raygate's native mode")
     up.add_argument("--gpu-nodes-max", type=int, default=None, metavar="N",
                     help="largest size of the GPU node group (default: 4 nodes of 4 GPUs)")
     up.add_argument("--fresh", action="store_true",
@@ -68,7 +72,7 @@ def _up(args: argparse.Namespace) -> int:
     cp = _control_plane(args, build=True)
     if args.fresh:
         cp.wipe()
-    state = cp.up(kuberay=args.kuberay or args.raygate, apiserver_port=args.port)
+    state = cp.up(kuberay=args.kuberay or args.raygate, apiserver_port=args.port, gang=args.gang_scheduling)
     if args.capacity or args.raygate or args.volcano or args.gpu_nodes_max is not None:
         from raygate.devenv.capacity import Layout, start_capacity
 
@@ -94,7 +98,7 @@ def _down(args: argparse.Namespace) -> int:
 
 def _env(args: argparse.Namespace) -> int:
     from raygate.devenv.capacity import layout_of
-    from raygate.devenv.controlplane import alive
+    from raygate.devenv.controlplane import alive, gang_scheduling
 
     cp = _control_plane(args)
     state = cp.load_state()
@@ -103,6 +107,8 @@ def _env(args: argparse.Namespace) -> int:
     print(f"# kube-apiserver https://127.0.0.1:{state.apiserver_port}")
     for name, pid in state.pids.items():
         print(f"# {name:<23} pid {pid:<8} {'running' if alive(pid) else f'EXITED: see {cp.logs / name}.log'}")
+    if gang_scheduling(state):
+        print("# gang scheduling: on (scheduling.k8s.io Workload and PodGroup; raygate's native mode)")
     layout = layout_of(state)
     if layout is not None:
         print(f"# capacity: {layout.describe()}")

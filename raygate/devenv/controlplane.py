@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygate.core import pki
+from raygate.core import keys, pki
 from raygate.core.errors import RaygateError
 from raygate.core.policy import KUBERAY_OPERATOR_USER
 from raygate.devenv.build import Bundle
@@ -43,6 +43,14 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "job-controller",  # KubeRay's batch Jobs: without it the K8sJobMode submitter pod never exists
 )
+
+
+GANG_STATE = "gang-scheduling"  # state.extra: "on" when the control plane runs with Kubernetes' gang scheduling
+
+
+def gang_scheduling(state: State) -> bool:
+    """Whether this control plane serves and runs Kubernetes' gang scheduling (`raygate dev up --gang-scheduling`)."""
+    return state.extra.get(GANG_STATE) == "on"
 
 
 def free_port() -> int:
@@ -245,13 +253,23 @@ class ControlPlane:
             raise RaygateError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[:500]}")
         return proc.stdout
 
-    def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True) -> State:
+    def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True,
+           gang: bool | None = None) -> State:
+        """`gang`: Kubernetes' own gang scheduling on (True) or off (False): the Workload and PodGroup API,
+        scheduling.k8s.io, served and run, through the feature gates of kube-apiserver, kube-controller-manager
+        and kube-scheduler. None: as the running control plane has it (off for a new one)."""
         if not self.bundle.complete:
             raise RaygateError(
                 f"the control-plane binaries are not built in {self.bundle.root}: run `make cluster-bins`"
             )
         existing = self.load_state()
         if existing is not None and self.running():
+            if gang is not None and gang_scheduling(existing) != gang:
+                have = "on" if gang_scheduling(existing) else "off"
+                raise RaygateError(
+                    f"the control plane in {self.workdir} runs with gang scheduling {have}, and its feature gates are "
+                    f"read only at start: run `raygate dev down`, then `raygate dev up` "
+                    f"{'with' if gang else 'without'} --gang-scheduling (the cluster's data stays)")
             self.start_controller_manager(existing)  # one started by an older raygate may lack some
             if kuberay and "kuberay-operator" not in existing.pids:
                 self.start_kuberay(existing)
@@ -266,6 +284,8 @@ class ControlPlane:
             etcd_port=free_port(),
             etcd_peer_port=free_port(),
         )
+        if gang:
+            state.extra[GANG_STATE] = "on"
         self.save_state(state)
         try:
             self._start(state, kuberay=kuberay)
@@ -313,6 +333,7 @@ class ControlPlane:
             # As strict as hardened clusters: setting blockOwnerDeletion on a child needs update
             # on the owner's finalizers, so the reconciler's RBAC is tested for it.
             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+            *(keys.GANG_APISERVER_FLAGS if gang_scheduling(state) else ()),
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
@@ -334,7 +355,8 @@ class ControlPlane:
     def start_controller_manager(self, state: State, extra: tuple[str, ...] = ()) -> None:
         """kube-controller-manager with the controllers the local stack needs, plus `extra` ones; a
         running one that lacks any of them is restarted with them (it reads the list only at start)."""
-        controllers = [*CONTROLLERS, *(c for c in extra if c not in CONTROLLERS)]
+        base = (*CONTROLLERS, keys.GANG_PROTECTION_CONTROLLER) if gang_scheduling(state) else CONTROLLERS
+        controllers = [*base, *(c for c in extra if c not in base)]
         running = [c for c in state.extra.get("kcm-controllers", "").split(",") if c]
         if "kube-controller-manager" in state.pids and alive(state.pids["kube-controller-manager"]):
             if set(controllers) <= set(running):
@@ -354,6 +376,7 @@ class ControlPlane:
             f"--root-ca-file={p / 'ca.crt'}",
             f"--service-account-private-key-file={p / 'sa.key'}",
             "--concurrent-gc-syncs=5",
+            *(keys.GANG_CONTROLLER_MANAGER_FLAGS if gang_scheduling(state) else ()),
         ])
         state.extra["kcm-controllers"] = ",".join(controllers)
         self.save_state(state)

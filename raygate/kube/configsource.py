@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from raygate.core import keys
-from raygate.core.api import CONFIGMAPS
+from raygate.core.api import CONFIGMAPS, OFFLINE, Served
 from raygate.core.objects import JSON, meta_str
 from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
 from raygate.kube import events
@@ -23,8 +23,11 @@ log = logging.getLogger("raygate.config")
 
 class ConfigSource:
     def __init__(self, kube: Kube | None, namespace: str = keys.SYSTEM_NAMESPACE,
-                 on_result: Callable[[list[str]], None] | None = None) -> None:
+                 on_result: Callable[[list[str]], None] | None = None, served: Served = OFFLINE) -> None:
+        """`served`: what the cluster serves, as the component found at start: a config whose mode the cluster
+        cannot run (native mode without Kubernetes' gang scheduling) is rejected like any invalid one."""
         self.kube = kube
+        self.served = served
         self.namespace = namespace
         self._config = DEFAULT_CONFIG
         self.loaded = threading.Event()
@@ -54,7 +57,7 @@ class ConfigSource:
     def set_text(self, text: str, source: JSON | None = None) -> bool:
         """Validate and swap in a new config; keep the old one when it is invalid."""
         try:
-            cfg = parse_config(text)
+            cfg = parse_config(text, self.served)
         except ConfigError as err:
             self.last_error = err.problems
             log.error("config rejected; the last good config keeps serving",

@@ -3,6 +3,7 @@ dry-run applied to a real kube-apiserver, and the RBAC proven with `kubectl auth
 
 from __future__ import annotations
 
+import json
 import posixpath
 import subprocess
 from collections.abc import Iterator
@@ -409,6 +410,7 @@ LEASES = "leases.coordination.k8s.io"
 RAYJOBS = "rayjobs.ray.io"
 RAYCLUSTERS = "rayclusters.ray.io"
 EVENTS = ("events", "events.events.k8s.io")
+GANG_PODGROUPS, GANG_WORKLOADS = "podgroups.scheduling.k8s.io", "workloads.scheduling.k8s.io"
 
 # (service account, verb, resource[/name], namespace)
 Case = tuple[str, str, str, str]
@@ -427,6 +429,7 @@ ALLOWED: list[Case] = [
     *_cases((WH,), "get list watch", ("configmaps",), SYS),
     *_cases((WH,), "get list watch", ("namespaces",), CLUSTER),
     *_cases((WH,), "list watch", ("resourceclaimtemplates.resource.k8s.io",), ALL),
+    *_cases((WH,), "list watch", (GANG_PODGROUPS,), ALL),  # native mode: raygate's PodGroups, from a cache
     *_cases((WH,), "create patch", EVENTS, SYS),
     # reconciler
     *_cases((RC,), "get list watch patch update", (RAYJOBS, RAYCLUSTERS), ML),
@@ -435,6 +438,9 @@ ALLOWED: list[Case] = [
     # Its informers list and watch jobs and children in every namespace at once (no namespace in the path).
     *_cases((RC,), "list watch", (RAYJOBS, RAYCLUSTERS, "provisioningrequests.autoscaling.x-k8s.io", "podtemplates",
                                   "podgroups.scheduling.volcano.sh"), ALL),
+    *_cases((RC,), "get list watch create delete", (GANG_WORKLOADS, GANG_PODGROUPS), ML),
+    *_cases((RC,), "patch", (GANG_PODGROUPS,), ML),  # the record of the bound gang, an annotation
+    *_cases((RC,), "list watch", (GANG_WORKLOADS, GANG_PODGROUPS), ALL),
     *_cases((RC,), "get list watch", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "create patch", EVENTS, ML),
     *_cases((RC,), "get update", (f"{LEASES}/{keys.LEADER_LEASE}",), SYS),
@@ -471,12 +477,14 @@ DENIED: list[Case] = [
     *_cases(BOTH, "get", ("configmaps",), ML),
     # The webhook answers from caches: it writes no Ray object, gang object or Event outside its namespace.
     *_cases((WH,), "get patch update", (RAYJOBS, RAYCLUSTERS), ML),
-    *_cases((WH,), "create", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh"), ML),
+    *_cases((WH,), "create", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh",
+                              GANG_PODGROUPS, GANG_WORKLOADS), ML),
     *_cases((WH,), "create", EVENTS, ML),
     *_cases((WH,), "create get", (LEASES,), SYS),
     # The reconciler's other limits.
-    *_cases((RC,), "update patch", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh"),
-            ML),
+    *_cases((RC,), "update patch", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh",
+                                    GANG_WORKLOADS), ML),
+    *_cases((RC,), "update", (GANG_PODGROUPS,), ML),
     *_cases((RC,), "create update", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "update delete", (f"{LEASES}/another-lease",), SYS),
     *_cases((RC,), "create", (LEASES,), ML),
@@ -484,7 +492,22 @@ DENIED: list[Case] = [
 ]
 
 
+def _review(cluster: ControlPlane, sa: str, verb: str, resource: str, ns: str) -> bool:
+    """A SubjectAccessReview asked directly: RBAC answers for an API the server does not serve too (the
+    shared control plane runs without Kubernetes' gang scheduling), where `kubectl auth can-i` cannot."""
+    plural, _, group = resource.partition(".")
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{sa}",
+                       "groups": ["system:authenticated"],
+                       "resourceAttributes": {"group": group, "resource": plural, "verb": verb,
+                                              "namespace": "" if ns in (ALL, CLUSTER) else ns}}}
+    out = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", input_text=json.dumps(review)))
+    return bool(out["status"].get("allowed"))
+
+
 def can_i(cluster: ControlPlane, sa: str, verb: str, resource: str, ns: str) -> bool:
+    if resource in (GANG_PODGROUPS, GANG_WORKLOADS):
+        return _review(cluster, sa, verb, resource, ns)
     target, _, sub = resource.partition("/")
     args = ["auth", "can-i", verb]
     if sub == "status":

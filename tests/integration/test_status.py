@@ -76,16 +76,16 @@ def test_table_lists_held_and_failed_in_one_namespace(cluster: ControlPlane, hel
     proc = raygate("status", "-n", held["a"], "--kubeconfig", str(cluster.kubeconfig))
     assert proc.returncode == 0, proc.stderr
     rows = table(proc.stdout)
-    assert rows[0] == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON"]
+    assert rows[0] == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON"]
     by_name = {r[1]: r for r in rows[1:]}
     assert set(by_name) == {"rayjob/waiting-job", "rayjob/booking-job", "rayjob/broken-job",
                             "raycluster/held-cluster"}
     assert by_name["rayjob/waiting-job"][2:4] == ["Pending", "1"]
-    assert by_name["rayjob/waiting-job"][5] == "waiting for capacity: 8 nvidia.com/gpu"
+    assert by_name["rayjob/waiting-job"][5:] == ["-", "waiting for capacity: 8 nvidia.com/gpu"]  # no PodGroup here
     assert by_name["rayjob/booking-job"][2:4] == ["Provisioning", "2"]
     assert by_name["rayjob/broken-job"][2:4] == ["Failed", "5"]
     assert by_name["raycluster/held-cluster"][2:4] == ["Pending", "-"]
-    assert by_name["raycluster/held-cluster"][5] == "PodGroup held-cluster Inqueue"
+    assert by_name["raycluster/held-cluster"][6] == "PodGroup held-cluster Inqueue"
     for row in rows[1:]:
         assert row[0] == held["a"]
         assert re.fullmatch(r"\d+s|\d+m(\d+s)?", row[4]), row
@@ -176,3 +176,11 @@ def test_forbidden_is_one_line(cluster: ControlPlane, tmp_path: Path) -> None:
                       str(tmp_path / "u.key"))
     line = _one_line(raygate("status", "-n", "default", "--kubeconfig", str(cfg)))
     assert "forbidden" in line and "rayjobs.ray.io" in line and "raygate-test-nobody" in line, line
+
+
+def test_explain_against_a_cluster_without_gang_scheduling_refuses_native_mode_naming_the_flags(
+        cluster: ControlPlane) -> None:
+    line = _one_line(raygate("explain", "-f", str(SAMPLES / "rayjob.sample.yaml"), "--mode", "native",
+                             "--kubeconfig", str(cluster.kubeconfig)))
+    assert "native mode needs Kubernetes' gang scheduling" in line
+    assert all(flag in line for flag in (*keys.GANG_APISERVER_FLAGS, *keys.GANG_SCHEDULER_FLAGS)), line

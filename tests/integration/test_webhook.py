@@ -232,6 +232,28 @@ def test_broken_config_keeps_the_old_policy_and_records_an_event(
         assert field in event["message"], event["message"]
 
 
+def test_native_mode_is_refused_at_config_load_on_a_cluster_without_gang_scheduling_and_the_last_config_stays(
+    cluster: ControlPlane, config: Config, opted_in: str,
+) -> None:
+    """The shared control plane runs without Kubernetes' gang scheduling (test_native_scheduling.py runs one
+    with it, where the same config is taken): the webhook found neither scheduling.k8s.io version at start."""
+    config.apply(f"namespaces:\n  {opted_in}:\n    mode: kueue\n    queueName: team-lq\n")
+    refused = config.apply(f"namespaces:\n  {opted_in}:\n    mode: native\n")  # served = handled
+    assert _dry_run_labels(cluster, opted_in).get(keys.KUEUE_QUEUE_LABEL) == "team-lq", "the last good config"
+
+    def events() -> list[dict[str, Any]]:
+        proc = kubectl(cluster, "get", "events", "-n", keys.SYSTEM_NAMESPACE, "-o", "json",
+                       "--field-selector", f"involvedObject.name={keys.CONFIGMAP_NAME},reason=InvalidConfig")
+        assert proc.returncode == 0, proc.stderr
+        return [e for e in json.loads(proc.stdout)["items"] if e["involvedObject"].get("resourceVersion") == refused]
+
+    message = wait(events, 10, "an InvalidConfig Event on the ConfigMap")[0]["message"]
+    print(f"\n{message}")
+    assert f"namespaces.{opted_in}.mode: native mode needs Kubernetes' gang scheduling" in message
+    for flag in (*keys.GANG_APISERVER_FLAGS, *keys.GANG_CONTROLLER_MANAGER_FLAGS, *keys.GANG_SCHEDULER_FLAGS):
+        assert flag in message
+
+
 def test_kueue_mode_refuses_a_job_nothing_suspended_and_admits_one_created_suspended(
     cluster: ControlPlane, config: Config, opted_in: str,
 ) -> None:

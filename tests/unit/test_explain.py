@@ -50,7 +50,8 @@ def test_json_shows_verdict_patch_and_gang(tmp_path: Path, capsys: pytest.Captur
     obj = anchor_job().obj()
     code, result = explain_json(capsys, "-f", write(tmp_path, obj))
     assert code == 0
-    assert set(result) == {"allowed", "message", "patch", "gang"}
+    assert set(result) == {"allowed", "message", "patch", "gang", "groups"}
+    assert result["groups"] is None  # provisioning mode: no group object
     assert (result["allowed"], result["message"]) == (True, None)
     patched = jsonpatch.apply_patch(obj, result["patch"])
     assert patched["spec"]["suspend"] is True
@@ -204,3 +205,14 @@ def test_mode_that_contradicts_the_config(tmp_path: Path, capsys: pytest.Capture
     cfg = write(tmp_path, "defaults:\n  provisioning:\n    enabled: true\n", "config.yaml")
     line = fails(capsys, "-f", write(tmp_path, anchor_job().obj()), "--config", cfg, "--mode", "kueue")
     assert "--mode kueue does not fit the config" in line and "kueue mode cannot use" in line
+
+
+def test_native_mode_shows_the_workload_and_pod_group_it_would_create(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, result = explain_json(capsys, "-f", write(tmp_path, anchor_job().obj()), "--mode", "native")
+    assert code == 0
+    workload, group = result["groups"]["objects"]
+    assert (workload["kind"], group["kind"]) == ("Workload", "PodGroup")
+    assert workload["apiVersion"] == "scheduling.k8s.io/v1alpha2"  # offline: what Kubernetes 1.36 serves
+    assert group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
+    assert "offline" in result["groups"]["summary"]

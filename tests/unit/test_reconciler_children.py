@@ -9,6 +9,8 @@ import pytest
 from builders import RayJob, container, pod_template, worker_group
 
 from raygate.core import keys
+from raygate.core.api import OFFLINE
+from raygate.core.keys import ChildKind
 from raygate.core.modes import volcano
 from raygate.core.objects import JSON, controller_uid
 from raygate.core.policy import NamespacePolicy, merge_override
@@ -202,7 +204,8 @@ def test_pod_group_from_the_recorded_spec() -> None:
     w = rayjob("train", annotations={keys.POD_GROUP_ANNOTATION: json.dumps(spec)})
     recorded = volcano.RULES.recorded(w)
     assert recorded.spec["queue"] == "team-a"
-    pg = volcano.RULES.group_object(w, recorded)
+    [(kind, pg)] = volcano.RULES.group_objects(w, recorded, OFFLINE)
+    assert kind == ChildKind.POD_GROUP
     assert (pg["apiVersion"], pg["kind"]) == ("scheduling.volcano.sh/v1beta1", "PodGroup")
     assert pg["metadata"]["name"] == "ray-train-pg"  # the name the pods' group-name annotation points to
     assert pg["spec"] == spec

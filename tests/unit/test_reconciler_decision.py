@@ -11,6 +11,7 @@ import pytest
 from builders import RayJob
 
 from raygate.core import keys, podgate
+from raygate.core.api import OFFLINE
 from raygate.core.modes import GroupSpec, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
@@ -424,7 +425,7 @@ def admitted_volcano_job() -> Workload:
 
 def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
     w = admitted_volcano_job()
-    ours = volcano.RULES.group_object(w, volcano.RULES.recorded(w))
+    [(_, ours)] = volcano.RULES.group_objects(w, volcano.RULES.recorded(w), OFFLINE)
     plan = decision.decide(w, Observed(groups=(ours,)), policy(mode="volcano"), NOW)
     assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
     rewritten = json.loads(json.dumps(ours))

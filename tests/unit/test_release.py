@@ -34,7 +34,9 @@ def child(kind: str, name: str, owner: str | None) -> Child:
 
 
 KIDS = [child("ProvisioningRequest", "a-pr", "a"), child("PodTemplate", "a-gpu", "a"),
-        child("PodGroup", "v-pg", "v"), child("PodTemplate", "v-gpu", "v")]
+        child("PodGroup", "v-pg", "v"), child("PodTemplate", "v-gpu", "v"),
+        child("ProvisioningRequest", "n-pr", "n"), child("PodGroup.scheduling.k8s.io", "n-g", "n"),
+        child("Workload", "n-g", "n")]
 
 
 @pytest.mark.parametrize(("jobs", "delete", "expected"), [
@@ -59,6 +61,10 @@ KIDS = [child("ProvisioningRequest", "a-pr", "a"), child("PodTemplate", "a-gpu",
                  id="volcano-without-podgroup-is-skipped"),
     pytest.param([job("v", "Pending", "volcano")], True, {"v": ("delete", ["PodTemplate/v-gpu", "PodGroup/v-pg"],
                                                                  [])}, id="volcano-delete-takes-the-podgroup"),
+    # native mode: the pods name a group only from admission on, so a released job's would never be joined
+    pytest.param([job("n", "Provisioning", "native")], False, {"n": ("release", [
+        "ProvisioningRequest/n-pr", "PodGroup.scheduling.k8s.io/n-g", "Workload/n-g"], [])},
+        id="native-deletes-its-workload-and-podgroup"),
     pytest.param([job("a", kind=keys.RAYCLUSTER_KIND)], False,
                  {"a": ("release", ["ProvisioningRequest/a-pr", "PodTemplate/a-gpu"], [])}, id="raycluster"),
 ])
@@ -73,7 +79,7 @@ def test_plan(jobs: list[tuple[str, dict[str, Any]]], delete: bool,
 
 
 def test_children_of_missing_jobs_are_orphans_and_of_listed_jobs_are_not() -> None:
-    p = plan([job("a", "Admitted"), job("k", "Pending", "kueue")],
+    p = plan([job("a", "Admitted"), job("k", "Pending", "kueue"), job("n", "Admitted", "native")],
              [*KIDS, child("PodTemplate", "k-x", "k"), child("PodTemplate", "loose", None)], delete=False)
     assert [f"{c.kind}/{c.name}" for c in p.orphans] == ["PodTemplate/loose", "PodTemplate/v-gpu", "PodGroup/v-pg"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from raygate.core import keys
-from raygate.status import held_from, human_duration, render_json, render_table
+from raygate.status import groups_by_owner, held_from, human_duration, render_json, render_table
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -84,7 +84,7 @@ def test_table_aligns_columns_and_keeps_the_whole_reason() -> None:
     out = io.StringIO()
     render_table(rows, out)
     lines = out.getvalue().splitlines()
-    assert lines[0].split() == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "REASON"]
+    assert lines[0].split() == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON"]
     starts = {line.index(cell) for line, cell in zip(lines, ["STATE", "Pending", "Failed"], strict=True)}
     assert len(starts) == 1, lines
     assert lines[1].split()[:5] == ["ml", "rayjob/a", "Pending", "-", "10m"]
@@ -99,5 +99,40 @@ def test_json_output() -> None:
     assert doc["items"] == [{
         "namespace": "ml", "kind": "RayJob", "name": "a", "state": "Pending", "attempt": None,
         "creationTimestamp": "2025-06-01T11:50:00Z", "waitingSeconds": 600, "reason": "",
-        "provisioningRequest": None,
+        "provisioningRequest": None, "podGroups": [],
     }]
+
+
+def group(name: str, owner: str, status: str | None, reason: str = "", message: str = "") -> dict[str, Any]:
+    """A PodGroup of Kubernetes' gang scheduling as raygate makes it, with kube-scheduler's condition."""
+    conditions = [] if status is None else [{"type": keys.GANG_SCHEDULED_CONDITION, "status": status,
+                                             "reason": reason, "message": message}]
+    return {"metadata": {"name": name, "ownerReferences": [{"kind": "RayJob", "name": "x", "uid": owner,
+                                                            "controller": True}]},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 5}}}, "status": {"conditions": conditions}}
+
+
+@pytest.mark.parametrize(("state", "status", "reason", "row", "gang"), [
+    ("Pending", None, "", True, "train-1 NotTriedYet"),
+    ("Provisioning", "False", "Unschedulable", True, "train-1 Unschedulable"),
+    ("Admitted", "False", "Unschedulable", True, "train-1 Unschedulable"),  # admitted, but not bound: shown
+    ("Admitted", None, "", True, "train-1 NotTriedYet"),
+    ("Admitted", "True", "Scheduled", False, None),  # bound whole: nothing to say
+    ("Failed", "True", "Scheduled", True, "train-1 Scheduled"),
+])
+def test_native_rows_show_the_schedulers_verdict(state: str, status: str | None, reason: str, row: bool,
+                                                 gang: str | None) -> None:
+    job = obj("train", state)
+    job["metadata"]["uid"] = "u1"
+    by_owner = groups_by_owner([group("train-1", "u1", status, reason, "pod group is unschedulable"),
+                                group("other", "u2", "False", "Unschedulable")])
+    rows = held_from("RayJob", [job], NOW, by_owner)
+    assert [r.gang for r in rows] == ([gang] if row else [])
+    if row:
+        (entry,) = rows[0].as_json()["podGroups"]
+        assert (entry["name"], entry["minCount"], entry["scheduled"]) == ("train-1", 5, status)
+
+
+def test_a_job_without_pod_groups_shows_a_dash() -> None:
+    (row,) = held_from("RayJob", [obj("a", "Pending")], NOW, {})
+    assert row.gang == "-"

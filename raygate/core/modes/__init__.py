@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import keys
-from raygate.core.modes import kueue, provisioning, volcano
-from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
+from raygate.core.modes import kueue, native, provisioning, volcano
+from raygate.core.modes.base import NO_MEMBERS, GroupRules, GroupSpec, Members, Mode, ModeRules, NoMembers, Prerequisite
 
-__all__ = ["RULES", "GroupRules", "GroupSpec", "Mode", "ModeRules", "Prerequisite", "all_group_rules",
-           "decided_labels", "group_rules", "recorded_mode", "rules_for", "template_annotations"]
+__all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "Members", "Mode", "ModeRules", "NoMembers",
+           "Prerequisite", "all_group_rules", "decided_labels", "group_rules", "recorded_mode", "rules_for",
+           "template_annotations"]
 
-RULES: dict[Mode, ModeRules] = {m.mode: m for m in (provisioning.RULES, volcano.RULES, kueue.RULES)}
+RULES: dict[Mode, ModeRules] = {m.mode: m for m in (provisioning.RULES, volcano.RULES, kueue.RULES, native.RULES)}
 
 
 def rules_for(mode: Mode) -> ModeRules:

@@ -2,10 +2,10 @@
 
 A mode is one class (one module each, as KubeRay keeps one file per batch scheduler) behind
 `ModeRules`: what the webhook adds to a job it admits, what it refuses, and whether raygate holds
-the job or another system admits it. A mode that schedules each gang through a group object the
-reconciler creates (Volcano's PodGroup) also implements the optional `GroupRules`, as Kueue's job
-integrations add capabilities through small extra interfaces. Callers ask the registry
-(`raygate.core.modes`) for a mode's rules and never branch on a mode's name.
+the job or another system admits it. A mode that schedules each gang through group objects the
+reconciler creates (Volcano's PodGroup; Kubernetes' own Workload and PodGroup) also implements the
+optional `GroupRules`, as Kueue's job integrations add capabilities through small extra interfaces.
+Callers ask the registry (`raygate.core.modes`) for a mode's rules and never branch on a mode's name.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from raygate.core.api import Resource
+from raygate.core.api import Resource, Served
+from raygate.core.keys import ChildKind
 from raygate.core.objects import JSON
-from raygate.core.patch import PatchBuilder
+from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.workload import Gang, Workload
 
 if TYPE_CHECKING:  # the policy model names its mode; the modes read the policy only through its fields
@@ -29,6 +30,7 @@ class Mode(StrEnum):
     PROVISIONING = "provisioning"
     VOLCANO = "volcano"
     KUEUE = "kueue"
+    NATIVE = "native"
 
 
 class ModeRules(ABC):
@@ -53,6 +55,10 @@ class ModeRules(ABC):
 
     def config_problems(self, policy: NamespacePolicy) -> list[str]:
         """Why a namespace's policy cannot work in this mode, each saying what to change."""
+        return []
+
+    def cluster_problems(self, served: Served) -> list[str]:
+        """Why this mode cannot work on a cluster that serves `served`, each saying what to change."""
         return []
 
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
@@ -88,21 +94,61 @@ class Prerequisite:
     name: str
 
 
-class GroupRules(ABC):
-    """Optional: a mode that schedules each gang through a group object the reconciler creates, owned
-    by the job, before the job is unsuspended."""
+class Members(Protocol):
+    """The groups raygate made, as the pod webhook's cache holds them (no API call while answering)."""
 
-    group_resource: ClassVar[Resource]
+    def exists(self, namespace: str, group: str) -> bool:
+        """Whether a group object of that name exists (raygate made it; it may be going)."""
+        ...
+
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
+        """The Ray cluster whose gang the scheduler bound in that group, as the reconciler recorded it."""
+        ...
+
+
+class NoMembers:
+    """Offline (`raygate explain`, tests): no group is known."""
+
+    def exists(self, namespace: str, group: str) -> bool:
+        return False
+
+    def bound_cluster(self, namespace: str, group: str) -> str | None:
+        return None
+
+
+NO_MEMBERS = NoMembers()
+
+
+class GroupRules(ABC):
+    """Optional: a mode that schedules each gang through group objects the reconciler creates, owned by the
+    job, before the job is unsuspended."""
+
+    group_kinds: ClassVar[tuple[ChildKind, ...]]
+    """The kinds of group object, in the order they are created."""
+    named_at_creation: ClassVar[bool] = True
+    """The job's pod templates name its group from creation on, so the group is kept while the job is stopped
+    (failed, or released by `raygate release`: its pods still gang-schedule once KubeRay creates them). False:
+    they name one per admission, so a stopped job's groups go."""
     prerequisite_reason: ClassVar[str] = "PrerequisiteMissing"  # the Event reason while it holds a job
     rewritten_reason: ClassVar[str] = "GroupRewritten"  # the Event reason when another writer changed the group
 
     @abstractmethod
-    def recorded(self, w: Workload) -> GroupSpec:
-        """The group the webhook recorded on the job; raises ManifestError when it is missing or unusable."""
+    def resources(self, served: Served) -> dict[ChildKind, Resource]:
+        """Where the group objects live in a cluster that serves `served`; {} where it serves none."""
+
+    def kind_of(self, obj: Mapping[str, Any]) -> ChildKind:
+        """Which of the group kinds an object (as listed, or as created) is."""
+        return self.group_kinds[0]
 
     @abstractmethod
-    def group_object(self, w: Workload, spec: GroupSpec) -> JSON:
-        """The object to create."""
+    def recorded(self, w: Workload) -> GroupSpec:
+        """The group the job is scheduled with: as the webhook recorded it at creation, or as its spec says
+        now (a mode whose groups follow the spec while the job is held). Raises ManifestError when it is
+        missing or unusable."""
+
+    @abstractmethod
+    def group_objects(self, w: Workload, spec: GroupSpec, served: Served) -> list[tuple[ChildKind, JSON]]:
+        """The objects to create, in order."""
 
     def prerequisite(self, spec: GroupSpec) -> Prerequisite | None:
         """What to read from the cluster before creating the group."""
@@ -122,7 +168,40 @@ class GroupRules(ABC):
 
     def schedules(self, spec: GroupSpec) -> str:
         """Why a job admitted without a booking is safe to start (its Event and reason say it)."""
-        return f"{self.group_resource.kind} {spec.name} gang-schedules the pods"
+        return f"{self.group_kinds[0]} {spec.name} gang-schedules the pods"
 
     def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:  # noqa: B027 (optional: default none)
         """What the patch that unsuspends the job writes for the group (pods must never exist without it)."""
+
+    # --- optional: groups at the pod --------------------------------------------------------------
+    def pod_patch(self, b: PatchBuilder, pod: Mapping[str, Any], namespace: str, gated: bool,  # noqa: B027
+                  members: Members) -> None:
+        """What the pod webhook writes into a pod being created (`gated`: raygate gates it, so it is released
+        only against a booking); pure, from `members` (the webhook's cache)."""
+
+    def names_group(self, pod: Mapping[str, Any]) -> str | None:
+        """The group a pod being created must join, as its template says (None: none of this mode's)."""
+        return None
+
+    def pod_problem(self, pod: Mapping[str, Any]) -> str | None:
+        """Why a pod, as it would be stored after every mutating webhook, must not be created."""
+        return None
+
+    def increment_objects(self, w: Workload, name: str, pod_set: str, pods: int,
+                          served: Served) -> list[tuple[ChildKind, JSON]]:
+        """The group of `pods` pods of `pod_set` released together that name group `name`, which raygate has not
+        made yet (a scale-up's increment); [] when this mode makes none."""
+        return []
+
+    def is_increment(self, obj: Mapping[str, Any]) -> bool:
+        """Whether a group object is a scale-up's increment (it goes when its pods have)."""
+        return False
+
+    def marks(self, obj: Mapping[str, Any], bound: Mapping[str, int]) -> list[PatchOp]:
+        """What the reconciler records on a group object of an admitted job, given its bound pods per Ray
+        cluster (JSON patch operations; [] when nothing changes)."""
+        return []
+
+    def describe(self, spec: GroupSpec, served: Served) -> str | None:
+        """The group objects in a line, for `raygate explain`."""
+        return None

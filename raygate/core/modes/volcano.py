@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from raygate.core import api, booking, keys, queue_labels
 from raygate.core import quantity as q
+from raygate.core.api import Resource, Served
+from raygate.core.keys import ChildKind
 from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
@@ -84,7 +86,7 @@ class Volcano(ModeRules, GroupRules):
     mode = Mode.VOLCANO
     decided_labels = frozenset({keys.VOLCANO_QUEUE_LABEL, keys.RAY_PRIORITY_CLASS_LABEL})
     template_annotations = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION)
-    group_resource = api.PODGROUPS
+    group_kinds = (ChildKind.POD_GROUP,)
     prerequisite_reason = "QueueNotOpen"
     rewritten_reason = "PodGroupRewritten"
 
@@ -139,9 +141,12 @@ class Volcano(ModeRules, GroupRules):
             raise ManifestError(f"annotation {keys.POD_GROUP_ANNOTATION} names no queue: re-create the job")
         return GroupSpec(w.pod_group_name, spec)
 
-    def group_object(self, w: Workload, spec: GroupSpec) -> JSON:
-        return {"apiVersion": self.group_resource.api_version, "kind": self.group_resource.kind,
-                "metadata": child_metadata(w, spec.name), "spec": spec.spec}
+    def resources(self, served: Served) -> dict[ChildKind, Resource]:
+        return {ChildKind.POD_GROUP: api.PODGROUPS} if served.serves(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION) else {}
+
+    def group_objects(self, w: Workload, spec: GroupSpec, served: Served) -> list[tuple[ChildKind, JSON]]:
+        return [(ChildKind.POD_GROUP, {"apiVersion": api.PODGROUPS.api_version, "kind": api.PODGROUPS.kind,
+                                       "metadata": child_metadata(w, spec.name), "spec": spec.spec})]
 
     def prerequisite(self, spec: GroupSpec) -> Prerequisite:
         # Volcano rejects a PodGroup whose queue is missing or not Open: look first.
