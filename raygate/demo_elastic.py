@@ -11,6 +11,7 @@ autoscaler's reason on the RayCluster, and no node is added for them one by one.
 from __future__ import annotations
 
 import json
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,11 +48,28 @@ def _gated(pod: dict[str, Any]) -> bool:
 
 
 class Watch:
-    """Prints the cluster's GPU workers, its scale-up requests and its scale-up reason when they change."""
+    """Prints the cluster's GPU workers, its scale-up requests and its scale-up reason when they change.
+
+    Pods are followed through a watch, not polled: every state a worker passes through is printed,
+    so one born gated and released within a poll interval is still seen gated first.
+    """
 
     def __init__(self, kube: Any, namespace: str, start: float) -> None:
+        from raygate.core.api import PODS
+        from raygate.kube.informer import Informer
+
         self.kube, self.namespace, self.start = kube, namespace, start
         self.seen: dict[str, str] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self._events: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        self._informer = Informer(kube, PODS, namespace=namespace, label_selector=f"{keys.RAY_CLUSTER_LABEL}={CLUSTER}",
+                                  handler=lambda kind, pod: self._events.put((kind, pod)), resync_seconds=3600)
+        self._informer.start()
+        if not self._informer.wait_synced(30):
+            raise RaygateError(f"demo: could not list the pods of namespace {namespace} within 30s")
+
+    def close(self) -> None:
+        self._informer.stop()
 
     def say(self, subject: str, text: str) -> None:
         print(f"{time.monotonic() - self.start:7.1f}s  {subject:<32} {text}", flush=True)
@@ -61,17 +79,28 @@ class Watch:
             self.seen[subject] = text
             self.say(subject, text)
 
-    def workers(self) -> list[dict[str, Any]]:
-        from raygate.core.api import PODS
-
-        pods = self.kube.list(PODS, self.namespace, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={CLUSTER}")["items"]
-        return [p for p in pods if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == "gpu"
-                and not p["metadata"].get("deletionTimestamp")]
+    def _worker_changes(self) -> list[dict[str, Any]]:
+        """The GPU workers' states since the last tick, in the order the API server made them."""
+        changes: list[dict[str, Any]] = []
+        while True:
+            try:
+                kind, pod = self._events.get_nowait()
+            except queue.Empty:
+                return changes
+            if (pod["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) != "gpu":
+                continue
+            name = pod["metadata"]["name"]
+            if kind == "DELETED" or pod["metadata"].get("deletionTimestamp"):
+                self.pods.pop(name, None)
+            else:
+                self.pods[name] = pod
+                changes.append(pod)
 
     def tick(self) -> list[dict[str, Any]]:
         from raygate.core.api import RAYCLUSTERS, provisioning_requests
         from raygate.core.conditions import raw_conditions
 
+        changes = self._worker_changes()
         # Cause before effect: the requests, then the pods they let run.
         for pr in self.kube.list(provisioning_requests("v1"), self.namespace)["items"]:
             if keys.SCALE_UP_ANNOTATION not in (pr["metadata"].get("annotations") or {}):
@@ -81,8 +110,7 @@ class Watch:
                                                           c.get("reason") else "")
                              for t, c in raw_conditions(pr).items() if t in ("Accepted", "Provisioned", "Failed"))
             self._report(f"provreq/{pr['metadata']['name']}", f"scale-up of {count} pod(s)  {said or 'asked'}")
-        workers = self.workers()
-        for p in workers:
+        for p in changes:
             phase = (p.get("status") or {}).get("phase", "?")
             where = p["spec"].get("nodeName") or "unbound"
             self._report(f"pod/{p['metadata']['name']}", f"{'gated' if _gated(p) else 'released'}  {phase}  {where}")
@@ -90,7 +118,7 @@ class Watch:
         reason = (cluster["metadata"].get("annotations") or {}).get(keys.SCALE_UP_REASON_ANNOTATION)
         if reason:
             self._report(f"raycluster/{CLUSTER}", f"{keys.SCALE_UP_REASON_ANNOTATION}: {reason[:140]}")
-        return workers
+        return list(self.pods.values())
 
     def until(self, what: str, done: Callable[[list[dict[str, Any]]], bool], timeout: float, hold: float = 0) -> None:
         deadline = time.monotonic() + timeout
@@ -116,24 +144,27 @@ def act(cp: Any, kube: Any, namespace: str, timeout: float) -> None:
 
     print(f"\nSecond act: the Ray autoscaler scales {CLUSTER} up; raygate books each increment as a gang of its own.")
     watch = Watch(kube, namespace, time.monotonic())
-    kube.create(RAYCLUSTERS, raycluster(namespace), namespace)
-    watch.say("kubectl create", f"raycluster/{CLUSTER} (autoscaling, no GPU worker to start, up to 3)")
-    watch.until(f"{CLUSTER} is admitted with nothing to book",
-                lambda w: (kube.get(RAYCLUSTERS, CLUSTER, namespace)["metadata"].get("labels") or {}).get(
-                    keys.STATE_LABEL) == keys.State.ADMITTED, timeout)
-    ray_autoscaler = f"system:serviceaccount:{namespace}:{CLUSTER}"  # the head pod's ServiceAccount
-    watch.until("KubeRay lets the head's ServiceAccount patch the cluster (its Role for the Ray autoscaler)",
-                lambda w: cp.kubectl("auth", "can-i", "patch", f"rayclusters.ray.io/{CLUSTER}", "-n", namespace,
-                                     "--as", ray_autoscaler, check=False).strip() == "yes", timeout)
-    for replicas, words in ((1, "one worker: the increment is booked, the autoscaler adds its node"),
-                            (3, "two more than the node group holds")):
-        watch.say(f"Ray autoscaler ({CLUSTER} SA)", f"patch replicas={replicas}: {words}")
-        cp.kubectl("--as", ray_autoscaler, "patch", "raycluster", CLUSTER, "-n", namespace, "--type", "json", "-p",
-                   json.dumps([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": replicas}]))
-        if replicas == 1:
-            watch.until("the worker is booked, released and runs", lambda w: _running(w, 1), timeout)
-    watch.until("the two more wait gated and unbound, with the autoscaler's reason on the RayCluster",
-                lambda w: sum(_gated(p) and not p["spec"].get("nodeName") for p in w) == 2
-                and "Provisioned=False" in watch.seen.get(f"raycluster/{CLUSTER}", "") and _running(w, 1), timeout,
-                hold=5)
+    try:
+        kube.create(RAYCLUSTERS, raycluster(namespace), namespace)
+        watch.say("kubectl create", f"raycluster/{CLUSTER} (autoscaling, no GPU worker to start, up to 3)")
+        watch.until(f"{CLUSTER} is admitted with nothing to book",
+                    lambda w: (kube.get(RAYCLUSTERS, CLUSTER, namespace)["metadata"].get("labels") or {}).get(
+                        keys.STATE_LABEL) == keys.State.ADMITTED, timeout)
+        ray_autoscaler = f"system:serviceaccount:{namespace}:{CLUSTER}"  # the head pod's ServiceAccount
+        watch.until("KubeRay lets the head's ServiceAccount patch the cluster (its Role for the Ray autoscaler)",
+                    lambda w: cp.kubectl("auth", "can-i", "patch", f"rayclusters.ray.io/{CLUSTER}", "-n", namespace,
+                                         "--as", ray_autoscaler, check=False).strip() == "yes", timeout)
+        for replicas, words in ((1, "one worker: the increment is booked, the autoscaler adds its node"),
+                                (3, "two more than the node group holds")):
+            watch.say(f"Ray autoscaler ({CLUSTER} SA)", f"patch replicas={replicas}: {words}")
+            cp.kubectl("--as", ray_autoscaler, "patch", "raycluster", CLUSTER, "-n", namespace, "--type", "json", "-p",
+                       json.dumps([{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": replicas}]))
+            if replicas == 1:
+                watch.until("the worker is booked, released and runs", lambda w: _running(w, 1), timeout)
+        watch.until("the two more wait gated and unbound, with the autoscaler's reason on the RayCluster",
+                    lambda w: sum(_gated(p) and not p["spec"].get("nodeName") for p in w) == 2
+                    and "Provisioned=False" in watch.seen.get(f"raycluster/{CLUSTER}", "") and _running(w, 1), timeout,
+                    hold=5)
+    finally:
+        watch.close()
     print(f"\nDone: {CLUSTER}'s first scale-up was booked and runs; the second waits gated, holding no GPU.")

@@ -73,7 +73,9 @@ def assert_the_story(out: str) -> None:
     waits = first("patch replicas=3", "Ray autoscaler")
     reason = first(f"{keys.SCALE_UP_REASON_ANNOTATION}: 2 pods of pod set gpu wait gated", "raycluster/elastic")
     assert b_running < scaled < min(booked, released) and max(booked, released) < waits < reason
-    assert any("pod/elastic" in ln and "gated" in ln for ln in lines[scaled:booked])
+    # Pods are followed through a watch, so the worker's first state is the one it was created in.
+    born = next(ln for ln in lines[scaled:] if "pod/elastic" in ln)
+    assert " gated  Pending  unbound" in born, born
 
 
 def test_demo_runs_again_after_dev_down_on_what_the_first_run_left(bundle: Bundle, tmp_path: Path) -> None:
