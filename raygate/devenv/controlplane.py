@@ -44,6 +44,16 @@ CONTROLLERS = (
     "job-controller",  # KubeRay's batch Jobs: without it the K8sJobMode submitter pod never exists
 )
 
+# The audit policy of `up(audit=True)`: writes only, metadata only, Lease renewals left out.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -245,7 +255,13 @@ class ControlPlane:
             raise RaygateError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[:500]}")
         return proc.stdout
 
-    def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True) -> State:
+    @property
+    def audit_log(self) -> Path:
+        """Where kube-apiserver writes its audit log when started with `audit=True`."""
+        return self.logs / "audit.log"
+
+    def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True,
+           audit: bool = False) -> State:
         if not self.bundle.complete:
             raise RaygateError(
                 f"the control-plane binaries are not built in {self.bundle.root}: run `make cluster-bins`"
@@ -268,7 +284,7 @@ class ControlPlane:
         )
         self.save_state(state)
         try:
-            self._start(state, kuberay=kuberay)
+            self._start(state, kuberay=kuberay, audit=audit)
         except BaseException:
             self.down(log=False)
             raise
@@ -277,7 +293,7 @@ class ControlPlane:
                   f"in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
         return state
 
-    def _start(self, state: State, *, kuberay: bool) -> None:
+    def _start(self, state: State, *, kuberay: bool, audit: bool = False) -> None:
         self._write_pki()
         self._write_kubeconfig(state.apiserver_port)
         etcd_data = self.workdir / "etcd"
@@ -318,6 +334,7 @@ class ControlPlane:
             "--profiling=false",
             f"--cert-dir={p}",
             "--v=0",
+            *(self._audit_args() if audit else []),
         ])
         self.wait_for(state, "etcd", lambda: True, 1)
         self.wait_for(state, "kube-apiserver", lambda: self._ready(state), 60)
@@ -330,6 +347,14 @@ class ControlPlane:
         unregister_webhook(self)
         if kuberay:
             self.start_kuberay(state)
+
+    def _audit_args(self) -> list[str]:
+        """Audit every write but Lease renewals, one line each (who, what, answer): a benchmark counts
+        writes by writer from it, which the API server's own metrics cannot tell apart."""
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json"]
 
     def start_controller_manager(self, state: State, extra: tuple[str, ...] = ()) -> None:
         """kube-controller-manager with the controllers the local stack needs, plus `extra` ones; a
