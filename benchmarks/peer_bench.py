@@ -276,6 +276,11 @@ def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]
             "status_patch_seconds": patch_s, "all_unsuspended": all_unsuspended, "admitted": admitted,
             "provisioned_to_unsuspended_s": common.summary([tracker.unsuspended[n] - sent[n] for n in sent
                                                             if n in tracker.unsuspended]),
+            # Per job, for the pictures (benchmarks/plots.py).
+            "per_job": {"create_to_request_s": [round(tracker.request_seen[n] - tracker.created[n], 4) for n in names
+                                                if n in tracker.request_seen and n in tracker.created],
+                        "provisioned_to_unsuspended_s": [round(tracker.unsuspended[n] - sent[n], 4) for n in sent
+                                                         if n in tracker.unsuspended]},
             "writes_by_resource": {k: n for k, n in sorted(by_resource.items()) if n},
             "controller_writes": controller_writes, "lease_writes": leases,
             "writes_per_admitted_job": controller_writes / admitted if admitted else math.nan,
@@ -399,6 +404,9 @@ def main(args: Any) -> int:
     if "raygate" in agg:
         rows.append(["  raygate webhook peak RSS (MB; Kueue's is in its controller)",
                      common.fmt(agg["raygate"]["webhook_rss_mb"]), *[""] * (len(headers) - 2)])
+    from benchmarks import plots
+
+    report["pictures"] = [str(p) for p in plots.peer(runs, common.OUT_DIR)]
     path = common.write_report("peer", report, targets, t0)
     print()
     print(common.table(headers, rows, f"raygate and Kueue {kueue_version()} side by side: {args.peer_jobs} GPU RayJobs "
@@ -406,6 +414,7 @@ def main(args: Any) -> int:
                                       "planes"))
     print()
     print(settings_text(runs))
+    print("pictures: " + ", ".join(report["pictures"]))
     print(common.report_footer(report, path))
     return 0
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"raygate": "#1f77b4", "kueue": "#d62728"}
-TITLES = {"raygate": "raygate", "kueue": "Kueue"}
+COLOURS = {"raygate": "#1f77b4", "kueue": "#d62728", "kueue-helm": "#ff7f0e"}
+TITLES = {"raygate": "raygate", "kueue": "Kueue", "kueue-helm": "Kueue (Helm chart)"}
 DPI = 80
 
 
@@ -107,3 +107,36 @@ def _timeline(plt: Any, runs: dict[str, dict[str, Any]], n: int, path: Path) -> 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def peer(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    """The side-by-side with the benchmark playing the autoscaler: per side, the CDFs of create -> request
+    exists and of Provisioned -> unsuspended at each pacing (every job of every round)."""
+    if not runs:
+        return []
+    plt = _pyplot()
+    out.mkdir(parents=True, exist_ok=True)
+    sides = [s for s in COLOURS if any(r["side"] == s for r in runs)]
+    panels = [("create -> request exists", "create_to_request_s", None, 1.0, "s"),
+              ("Provisioned -> unsuspended, 5/s", "provisioned_to_unsuspended_s", 5.0, 1000.0, "ms"),
+              ("Provisioned -> unsuspended, all at once", "provisioned_to_unsuspended_s", 0.0, 1000.0, "ms")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.2), dpi=DPI)
+    for ax, (title, key, rate, scale, unit) in zip(axes, panels, strict=True):
+        for side in sides:
+            values = [v * scale for r in runs if r["side"] == side and (rate is None or (r["rate"] or 0.0) == rate)
+                      for v in (r.get("per_job") or {}).get(key, [])]
+            _cdf(ax, values, TITLES[side], COLOURS[side])
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(unit)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of jobs")
+    axes[0].legend(fontsize=8, loc="lower right")
+    jobs = max(r["jobs"] for r in runs)
+    fig.suptitle(f"{jobs} GPU RayJobs per run, the benchmark playing the autoscaler: per job", fontsize=10)
+    fig.tight_layout()
+    path = out / "peer-cdf.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]

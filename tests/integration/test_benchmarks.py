@@ -55,8 +55,9 @@ def test_the_side_by_side_with_kueue_prints_both_columns_and_what_differs(tmp_pa
     assert report["median"]["raygate"]["writes_per_job"] <= 6
     assert report["median"]["kueue"]["writes_per_job"] > 0
     for title in ("raygate and Kueue v", "x raygate", "How each side ran", "Differences and why",
-                  "client QPS"):
+                  "client QPS", "everything installed: peak PSS"):
         assert title in out, f"{title!r} not printed"
+    assert (tmp_path / "peer-cdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.integration
