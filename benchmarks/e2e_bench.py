@@ -615,9 +615,11 @@ DIFFERENCES = (
     "(its defaults, leader election off, as raygate's tests run it).",
     "Kueue reserves quota before it makes a request: its ClusterQueue has quota no run can use up, so the check "
     "always passes (raygate has no quota).",
-    "Retries: raygate's defaults (a request not Provisioned within 1800 s is retried; 3 retries from 10 s); "
-    "Kueue's ProvisioningRequestConfig defaults (retry a Failed request 3 times from 60 s). The autoscaler "
-    "answers both alike (its own retry of a request not Provisioned: 2 s).",
+    "Retries: raygate's defaults (a request still not Provisioned 1800 s after the autoscaler first answered it "
+    "so is retried, 3 times from 10 s); Kueue's ProvisioningRequestConfig defaults (a Failed request retried 3 "
+    "times from 60 s). The autoscaler answers both alike (it retries a request it could not provision after 2 s).",
+    "Kueue's metrics endpoint is off (bindAddress 0: it needs certificates the local run does not make); raygate's "
+    "reconciler serves /metrics on a free port. Nothing scrapes either during a run.",
 )
 
 
