@@ -23,6 +23,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _log_x(ax: Any) -> None:
+    """A log x axis labelled at powers of ten only (minor labels collide on a narrow panel)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def _cdf(ax: Any, values: Sequence[float], label: str, colour: str) -> None:
     xs = sorted(values)
     if not xs:
@@ -55,7 +63,9 @@ def e2e(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
                           for v in _deltas(r["marks"], a, b)]
                 _cdf(ax, values, TITLES[side], COLOURS[side])
             ax.set_title(title, fontsize=10)
-            ax.set_xlabel(unit)
+            ax.set_xlabel(unit + (", log scale" if unit == "ms" else ""))
+            if unit == "ms":  # tens of milliseconds against a tail of seconds
+                _log_x(ax)
             ax.set_ylim(0, 1.02)
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("fraction of jobs")
@@ -127,8 +137,8 @@ def peer(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
                       for v in (r.get("per_job") or {}).get(key, [])]
             _cdf(ax, values, TITLES[side], COLOURS[side])
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel(unit)
-        ax.set_xscale("log")
+        ax.set_xlabel(f"{unit}, log scale")
+        _log_x(ax)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of jobs")
