@@ -377,6 +377,15 @@ def autoscaler_loop(before: dict[str, tuple[float, float]], after: dict[str, tup
             "scale_up_calls": ups, "scale_up_mean_s": up_s / ups if ups else math.nan}
 
 
+def _wait_autoscaler_loops(address: str, loops: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if autoscaler_metrics(address).get("main", (0.0, 0.0))[1] >= loops:
+            return
+        time.sleep(0.2)
+    raise BenchError(f"the cluster-autoscaler ran no {loops} loops within {timeout:.0f}s (see its log)")
+
+
 def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None = None) -> dict[str, Any]:
     from benchmarks.reconciler_bench import _kube
     from raygate.devenv.capacity import Layout, start_capacity
@@ -410,6 +419,9 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[side]}).start()
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         manifests = {name: rayjob(name, side) for name in names}
+        # The autoscaler must be past its start-up (caches filled, a first loop run) before the first create:
+        # the raygate side is set up in a few seconds, while it may still be listing.
+        _wait_autoscaler_loops(layout.metrics_address, 2, 120)
         cpu0, since = _cpu(cp), dt.datetime.now(dt.UTC)
         loop0 = autoscaler_metrics(layout.metrics_address)
 
