@@ -13,6 +13,11 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+# What `make bench` needs besides the test extras: matplotlib for the pictures (the `bench` extra).
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@
+
 # Kubernetes, etcd and KubeRay binaries plus CRDs from pinned Go modules, cached in ~/.cache/raygate.
 cluster-bins: venv
 	$(BIN)/raygate dev build
@@ -38,7 +43,7 @@ test: venv cluster-bins image lint typecheck imports
 demo: venv cluster-bins
 	$(BIN)/raygate demo
 
-bench: venv cluster-bins
+bench: venv cluster-bins $(VENV)/.bench-installed
 	$(BIN)/python -m benchmarks.run
 
 # 100,000 damaged AdmissionReviews against the served webhook (also part of `make bench`).

@@ -280,6 +280,60 @@ def tree_rss_mb(pid: int) -> float:
     return sum(status_kb(p, "VmRSS") for p in process_tree(pid)) / 1024
 
 
+def tree_hwm_mb(pid: int) -> float:
+    """Sum of the peak RSS (VmHWM) of a process and its children, in MB. A page two processes share
+    (a gunicorn master's imports its forked workers still use) counts once per process here."""
+    return sum(status_kb(p, "VmHWM") for p in process_tree(pid)) / 1024
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size (/proc/<pid>/smaps_rollup): a page shared by k processes counts 1/k in each,
+    so the PSS of a process tree counts every page once, as the memory cgroup of its container does."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def tree_pss_mb(pid: int) -> float:
+    return sum(pss_kb(p) for p in process_tree(pid)) / 1024
+
+
+class PeakSampler:
+    """Samples the PSS and RSS of named process trees every `interval` seconds on a thread; keeps each
+    one's peak (the kernel keeps a peak RSS per process, VmHWM, but no peak PSS)."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 1.0) -> None:
+        self.pids = dict(pids)
+        self.interval = interval
+        self.peak_pss_mb: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.peak_rss_mb: dict[str, float] = dict.fromkeys(pids, 0.0)
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-sampler", daemon=True)
+
+    def _sample(self) -> None:
+        for name, pid in self.pids.items():
+            self.peak_pss_mb[name] = max(self.peak_pss_mb[name], tree_pss_mb(pid))
+            self.peak_rss_mb[name] = max(self.peak_rss_mb[name], tree_rss_mb(pid))
+        self.samples += 1
+
+    def _run(self) -> None:
+        self._sample()
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def start(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._sample()
+
+
 # --- the control plane -------------------------------------------------------------------------
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -294,10 +348,11 @@ def bundle() -> Any:
 
 
 @contextlib.contextmanager
-def control_plane(kuberay: bool = False, gang: bool = False) -> Iterator[Any]:
-    """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory (`gang`: with
-    Kubernetes' gang scheduling on); every process it (and whatever ran on it: webhook, reconciler)
-    started is stopped on the way out."""
+def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False) -> Iterator[Any]:
+    """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory; every
+    process it (and whatever ran on it: webhook, reconciler) started is stopped on the way out.
+    `gang`: with Kubernetes' gang scheduling on. `audit`: the API server logs every write
+    (ControlPlane.audit_log), to count writes by writer."""
     from raygate.devenv.controlplane import ControlPlane
 
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -305,7 +360,7 @@ def control_plane(kuberay: bool = False, gang: bool = False) -> Iterator[Any]:
     cp = ControlPlane(workdir, bundle())
     try:
         t0 = time.monotonic()
-        cp.up(kuberay=kuberay, log=False, gang=gang)
+        cp.up(kuberay=kuberay, log=False, gang=gang, audit=audit)
         print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
         yield cp
     finally:

@@ -6,28 +6,40 @@ reconciler's caches hold N jobs, 2 N PodTemplates and N ProvisioningRequests. Tw
 1. Peak RSS (VmHWM) of the reconciler that held them as they came in (it made every child).
 2. Peak RSS of a second reconciler started once all are held, the first one stopped: a restart or a
    failover lists everything at once and reconciles every job again.
+3. What the webhook's processes hold once every job went through them: per process (gunicorn's master
+   and each worker; the reconciler beside them) RSS, PSS and how much of it is private or shared; and what
+   importing a worker's modules costs a fresh interpreter, step by step.
+4. That restart, timed from the moment the second reconciler is started: until its caches are synced
+   (its /readyz), until it holds the leader Lease, and until a job whose request the autoscaler set
+   Provisioned while no reconciler ran is unsuspended (target: 30 s); then one more job provisioned
+   once it leads, as in steady state. Its RSS at the moment the first job was unsuspended.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from benchmarks import common
 from benchmarks.common import BenchError, Target
-from benchmarks.reconciler_bench import _kube, _pr_resource, _wait_leader
+from benchmarks.reconciler_bench import _kube, _pr_resource, _provisioned_patch, _wait_leader
 from benchmarks.samples import rayjob
 from raygate.core import keys
-from raygate.core.api import RAYJOBS
-from raygate.core.objects import JSON, metadata
+from raygate.core.api import LEASES, RAYJOBS, Resource
+from raygate.core.objects import JSON, get, metadata
+from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 from raygate.kube.informer import Informer
 
 NAMESPACE = "held-jobs"
 RSS_TARGET_MB = 200.0
+RESTART_TARGET_S = 30.0  # restart -> a job Provisioned meanwhile is unsuspended
 CLIENT_THREADS = 16
+SECOND = "bench-restarted"  # the identity of the reconciler started on the held jobs
 
 
 class Counting:
@@ -73,6 +85,89 @@ def _hwm_mb(pid: int) -> float:
     return sum(common.status_kb(p, "VmHWM") for p in common.process_tree(pid)) / 1024
 
 
+SMAPS = ("Rss", "Pss", "Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty", "Anonymous")
+
+
+def smaps_mb(pid: int) -> dict[str, float]:
+    """/proc/<pid>/smaps_rollup in MB (what a process maps: private, shared with others, anonymous)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
+            key, value = line.split(":", 1)
+            if key in SMAPS:
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def processes(cp: Any) -> list[dict[str, Any]]:
+    """raygate's processes: the webhook's master and workers, and the reconciler(s)."""
+    out = []
+    for name, pid in cp.load_state().pids.items():
+        if not name.startswith("raygate-"):
+            continue
+        for i, p in enumerate(common.process_tree(pid)):
+            role = name if i == 0 else f"{name} worker"
+            if name == "raygate-webhook" and i == 0:
+                role = "raygate-webhook master"
+            out.append({"process": role, "pid": p, **smaps_mb(p)})
+    return out
+
+
+# What a fresh interpreter holds after each step of imports: the webhook's master (gunicorn, its TLS with
+# cryptography), then what every worker runs (webhook/server.py PRELOAD), then the kubernetes package, which
+# raygate imported until it read credentials itself (raygate/kube/credentials.py).
+IMPORT_STEPS = (
+    ("python", ()),
+    ("+ gunicorn, ssl, cryptography (the master)", ("gunicorn.app.base", "gunicorn.workers.gthread", "ssl",
+                                                    "raygate.webhook.tls")),
+    ("+ a worker's modules (flask, pydantic and the config model, prometheus_client, raygate)",
+     ("raygate.webhook.app", "raygate.webhook.state")),
+    ("+ the kubernetes package (no longer imported for these credentials)", ("kubernetes",)),
+)
+
+
+def import_costs() -> list[tuple[str, float]]:
+    import json
+    import subprocess
+    import sys
+
+    code = ("import importlib, json, sys\n"
+            "def rss():\n"
+            "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS')) / 1024\n"
+            "out = []\n"
+            "for label, mods in json.loads(sys.argv[1]):\n"
+            "    for m in mods: importlib.import_module(m)\n"
+            "    out.append([label, rss()])\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(IMPORT_STEPS)], capture_output=True, text=True,
+                          check=False, env={"PROMETHEUS_MULTIPROC_DIR": tempfile_dir(), "PATH": "/usr/bin:/bin"})
+    if proc.returncode != 0:
+        raise BenchError(f"measuring imports failed: {proc.stderr[-500:]}")
+    return [(str(label), float(mb)) for label, mb in json.loads(proc.stdout)]
+
+
+def tempfile_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="raygate-bench-metrics-")
+
+
+def footprint_table(procs: list[dict[str, Any]], imports: list[tuple[str, float]]) -> str:
+    rows = [[p["process"], p.get("Rss", 0.0), p.get("Pss", 0.0),
+             p.get("Private_Clean", 0.0) + p.get("Private_Dirty", 0.0),
+             p.get("Shared_Clean", 0.0) + p.get("Shared_Dirty", 0.0), p.get("Anonymous", 0.0)] for p in procs]
+    total = [sum(float(r[i]) for r in rows) for i in range(1, 6)]
+    rows.append(["all of raygate", *total])
+    out = common.table(["process", "RSS MB", "PSS MB", "private MB", "shared MB", "anonymous MB"], rows,
+                       "raygate's processes once every job went through them (/proc/<pid>/smaps_rollup)")
+    steps, prev = [], 0.0
+    for label, mb in imports:
+        steps.append([label, mb, mb - prev if prev else mb])
+        prev = mb
+    return out + "\n\n" + common.table(["imports, in a fresh interpreter", "RSS MB", "step MB"], steps,
+                                        "What a webhook worker's imports hold")
+
+
 def run(jobs: int, timeout: float) -> dict[str, Any]:
     from raygate.devenv import raygate_local
 
@@ -104,15 +199,22 @@ def run(jobs: int, timeout: float) -> dict[str, Any]:
         stop.set()
         sampler.join(5)
         first_hwm, first_rss = _hwm_mb(first), (samples[-1] if samples else float("nan"))
-        # A second reconciler takes over the same jobs: everything is listed at once.
+        procs = processes(cp)
+        # A second reconciler takes over the same jobs: everything is listed at once. Meanwhile the
+        # autoscaler provisions one job's request: how long until the new reconciler admits it?
         cp.stop_process("raygate-reconciler")
-        raygate_local.start_reconciler(cp, name="raygate-reconciler-2")  # the first released its Lease
+        first_job, second_job = "job-00000", "job-00001"
+        _provision(kube, pr_res, first_job)
+        t1 = time.monotonic()
+        raygate_local.start_reconciler(cp, "--identity", SECOND, name="raygate-reconciler-2")
         second = cp.load_state().pids["raygate-reconciler-2"]
         samples2: list[float] = []
         stop2 = threading.Event()
         sampler2 = _sampler(second, samples2, stop2)
-        t1 = time.monotonic()
-        _wait_leader(kube, second)
+        restart = _time_restart(cp, kube, second, first_job, t1, timeout)
+        _provision(kube, pr_res, second_job)
+        t2 = time.monotonic()
+        restart["provisioned_once_leading_to_unsuspended_s"] = _until_unsuspended(kube, second_job, timeout) - t2
         time.sleep(20)  # listed, leading, every job reconciled again (each a no-op)
         stop2.set()
         sampler2.join(5)
@@ -125,7 +227,67 @@ def run(jobs: int, timeout: float) -> dict[str, Any]:
             "second_reconciler_peak_rss_mb": second_hwm,
             "second_reconciler_rss_at_end_mb": samples2[-1] if samples2 else float("nan"),
             "second_reconciler_observed_s": time.monotonic() - t1,
+            "restart": restart, "processes": procs, "imports": import_costs(),
         }
+
+
+def _provision(kube: Kube, pr_res: Resource, job: str) -> None:
+    """Play the autoscaler for one held job: its request Accepted and Provisioned."""
+    obj = kube.get(RAYJOBS, job, NAMESPACE)
+    request = get(obj, ("metadata", "annotations", keys.REQUEST_ANNOTATION))
+    if not request:
+        raise BenchError(f"{job} names no ProvisioningRequest")
+    kube.patch(pr_res, str(request), _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH, sub="status")
+
+
+def _until_unsuspended(kube: Kube, job: str, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (kube.get(RAYJOBS, job, NAMESPACE).get("spec") or {}).get("suspend") is not True:
+            return time.monotonic()
+        time.sleep(0.1)
+    raise BenchError(f"{job} was not unsuspended within {timeout:.0f}s")
+
+
+def _ready(port: int | None) -> bool:
+    import urllib.request
+
+    if port is None:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _time_restart(cp: Any, kube: Kube, pid: int, job: str, t0: float, timeout: float) -> dict[str, float]:
+    """Seconds from t0 (the new reconciler started) until its caches are synced, it leads, and `job` (its
+    request Provisioned before it started) is unsuspended; its RSS then."""
+    from raygate.devenv.raygate_local import reconciler_metrics_port
+
+    seen: dict[str, float] = {}
+    rss = float("nan")
+    deadline = t0 + timeout
+    while len(seen) < 3 and time.monotonic() < deadline:
+        if not common.alive(pid):
+            raise BenchError("the restarted reconciler exited (see its log in the control-plane workdir)")
+        now = time.monotonic()
+        if "synced" not in seen and _ready(reconciler_metrics_port(cp, "raygate-reconciler-2")):
+            seen["synced"] = now
+        if "leader" not in seen:
+            with contextlib.suppress(ApiError):
+                lease = kube.get(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)
+                if get(lease, ("spec", "holderIdentity")) == SECOND:
+                    seen["leader"] = now
+        if "unsuspended" not in seen and (kube.get(RAYJOBS, job, NAMESPACE).get("spec") or {}).get(
+                "suspend") is not True:
+            seen["unsuspended"] = now
+            rss = common.tree_rss_mb(pid)
+        time.sleep(0.1)
+    if len(seen) < 3:
+        raise BenchError(f"the restarted reconciler reached only {sorted(seen)} within {timeout:.0f}s")
+    return {**{f"until_{k}_s": round(v - t0, 2) for k, v in seen.items()}, "rss_when_unsuspended_mb": rss}
 
 
 def main(args: Any) -> int:
@@ -143,6 +305,8 @@ def main(args: Any) -> int:
                if held else float("nan"), "<=", RSS_TARGET_MB, "MB"),
         Target(f"reconciler peak RSS, {n:,} held jobs (restart)", r["second_reconciler_peak_rss_mb"]
                if held else float("nan"), "<=", RSS_TARGET_MB, "MB"),
+        Target(f"restart with {n:,} held jobs -> a job Provisioned meanwhile unsuspended",
+               r["restart"]["until_unsuspended_s"] if held else float("nan"), "<=", RESTART_TARGET_S, "s"),
     ]
     path = common.write_report("memory", report, targets, t0)
     print()
@@ -154,7 +318,16 @@ def main(args: Any) -> int:
         ["  RSS when all were held", f"{r['first_reconciler_rss_at_end_mb']:.0f} MB"],
         ["reconciler started on them (restart): peak RSS", f"{r['second_reconciler_peak_rss_mb']:.0f} MB"],
         ["  RSS after it reconciled every job", f"{r['second_reconciler_rss_at_end_mb']:.0f} MB"],
+        ["restart: started -> caches synced (/readyz)", f"{r['restart']['until_synced_s']:.1f} s"],
+        ["restart: started -> leader", f"{r['restart']['until_leader_s']:.1f} s"],
+        ["restart: started -> the job Provisioned meanwhile unsuspended",
+         f"{r['restart']['until_unsuspended_s']:.1f} s"],
+        ["  its RSS then", f"{r['restart']['rss_when_unsuspended_mb']:.0f} MB"],
+        ["once leading: Provisioned -> unsuspended",
+         f"{r['restart']['provisioned_once_leading_to_unsuspended_s'] * 1000:.0f} ms"],
     ], f"Reconciler memory with {n:,} held jobs (each: 2 PodTemplates and a ProvisioningRequest)"))
+    print()
+    print(footprint_table(r["processes"], r["imports"]))
     print()
     print(common.targets_table(targets))
     print(common.report_footer(report, path))

@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, volcano, podgate, native, fuzz, soak).
+memory, startup, capacity, e2e, volcano, podgate, native, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -36,8 +36,8 @@ def _ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
-                   choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "volcano",
-                            "podgate", "native", "fuzz", "soak", "all"])
+                   choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "e2e",
+                            "volcano", "podgate", "native", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -73,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = p.add_argument_group("capacity")
     c.add_argument("--capacity-jobs", type=_ints, default=[20, 100],
                    help="GPU RayJobs created at once on real capacity, one fresh cluster per figure (default 20,100)")
+    e = p.add_argument_group("e2e (raygate and Kueue on the same real stack)")
+    e.add_argument("--e2e-jobs", type=_ints, default=[20, 100],
+                   help="GPU RayJobs created at once per run, one fresh stack per side and count (default 20,100)")
+    e.add_argument("--e2e-rounds", type=int, default=2, help="rounds, the sides taking turns (default %(default)s)")
+    e.add_argument("--e2e-sides", type=lambda t: t.split(","), default=["raygate", "kueue"],
+                   help="comma-separated sides (default raygate,kueue)")
+    e.add_argument("--e2e-provisioned-timeout", type=float, default=None,
+                   help="raygate's provisionedTimeoutSeconds on the raygate side (default: raygate's default)")
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
@@ -90,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from benchmarks import (
         capacity_bench,
+        e2e_bench,
         fuzz,
         memory_bench,
         native_bench,
@@ -105,8 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     benches: dict[str, Callable[[Any], int]] = {
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
-        "capacity": capacity_bench.main, "volcano": volcano_bench.main, "podgate": podgate_bench.main,
-        "native": native_bench.main,
+        "capacity": capacity_bench.main, "e2e": e2e_bench.main, "volcano": volcano_bench.main,
+        "podgate": podgate_bench.main, "native": native_bench.main,
         "fuzz": fuzz.main, "soak": soak_bench.main,
     }
     names = list(benches) if args.which == "all" else [args.which]

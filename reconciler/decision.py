@@ -86,6 +86,7 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
     b.set(_annotation(keys.REASON_ANNOTATION), message[:1000])
     b.remove(_annotation(keys.REQUEST_ANNOTATION))
     b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    b.remove(_annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     restart = (f"to start over run: kubectl label {w.kind.lower()} {w.name} -n {w.namespace} "
                f"{keys.STATE_LABEL}={keys.State.PENDING.value} --overwrite" if restartable else
                "delete it, fix the spec and create it again")
@@ -304,6 +305,7 @@ def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
     b.set(_annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} "
           f"({policy.provisioning.class_name}; {counts}) to be Provisioned")
     b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    b.remove(_annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     # No Event for a plain wait: the state label and this reason say it, and at most 6 writes per
     # admitted job leave room for one normal Event (Admitted) with two GPU pod sets. Anything
     # unusual while held (no capacity, retries, a closed queue) gets a Warning Event.
@@ -411,6 +413,7 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     b.set(STATE_PATH, keys.State.ADMITTED.value)
     b.set(_annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
     b.remove(_annotation(keys.NEXT_ATTEMPT_ANNOTATION))
+    b.remove(_annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     if request is not None:
         why = f"ProvisioningRequest {request} is Provisioned"
     elif needs.group is not None and needs.group_rules is not None:
@@ -475,19 +478,33 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
     accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
     if accepted and accepted.true and provisioned and provisioned.true:
         return _admit(w, plan, name, policy, needs, now)
-    created = parse_time(get(pr, ("metadata", "creationTimestamp"))) or now
-    left = policy.provisioning.provisioned_timeout_seconds - (now - created).total_seconds()
+    # provisionedTimeoutSeconds counts from the autoscaler's first answer that this request is not Provisioned,
+    # recorded on the job. A request it has not answered is queued: the cluster-autoscaler takes one request
+    # per loop, in no set order, so a new request would only join the same queue, behind a backoff.
+    timeout = policy.provisioning.provisioned_timeout_seconds
+    answered = provisioned is not None and not provisioned.true and bool(provisioned.reason)
+    since = not_provisioned_since(w, name)
+    if answered and since is None:
+        since = now
+    left = timeout - (now - since).total_seconds() if since is not None else timeout
     if left <= 0:
-        timeout = Condition("True", "ProvisionedTimeout", f"not Provisioned within "
-                            f"{policy.provisioning.provisioned_timeout_seconds:g}s")
-        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", timeout, plan, needs)
-    if provisioned is not None and not provisioned.true and provisioned.reason:
+        expired = Condition("True", "ProvisionedTimeout", f"not Provisioned within {timeout:g}s of the "
+                            "autoscaler's first answer")
+        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", expired, plan, needs)
+    if answered and provisioned is not None and since is not None:
         msg = f": {provisioned.message}" if provisioned.message else ""
         _hold(w, f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}", "WaitingForCapacity",
-              plan, f"{name}/{provisioned.reason}")
+              plan, f"{name}/{provisioned.reason}",
+              annotations={keys.NOT_PROVISIONED_SINCE_ANNOTATION: f"{name} {precise_timestamp(since)}"})
     plan.requeue(left)
     plan.outcome = Outcome.WAITING
     return plan
+
+
+def not_provisioned_since(w: Workload, request: str) -> dt.datetime | None:
+    """When the autoscaler first answered `request` not Provisioned, as recorded on the job (None: not yet)."""
+    name, _, when = str(w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) or "").partition(" ")
+    return parse_time(when) if name == request else None
 
 
 def _replace(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None,
@@ -515,6 +532,7 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
     b.set(_annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
     b.set(_annotation(keys.REQUEST_ANNOTATION), nxt)
     b.set(_annotation(keys.NEXT_ATTEMPT_ANNOTATION), precise_timestamp(due))
+    b.remove(_annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     reason = f"ProvisioningRequest {name} {why} ({detail}); attempt {attempt + 1} as {nxt} after {timestamp(due)}"
     b.set(_annotation(keys.REASON_ANNOTATION), reason[:1000])
     # The patch comes first: if the reconciler dies before the delete, the stale request is deleted next time.
@@ -712,14 +730,21 @@ def _requeue(w: Workload, obs: Observed, policy: NamespacePolicy, name: str | No
                  *_delete_requests(obs, keep=nxt)], outcome=Outcome.REQUEUED)
 
 
-def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str = "") -> None:
-    """Keep the job held and say why: the reason annotation and one Event, only when it changes."""
-    if w.annotations.get(keys.REASON_ANNOTATION) == reason:
+def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str = "",
+          annotations: Mapping[str, str] | None = None) -> None:
+    """Keep the job held and say why: the reason annotation and one Event, only when it changes; `annotations`
+    are recorded in the same patch (one is written alone only when it is missing or different)."""
+    extra = dict(annotations or {})
+    new_reason = w.annotations.get(keys.REASON_ANNOTATION) != reason
+    if not new_reason and all(w.annotations.get(k) == v for k, v in extra.items()):
         return
     b = _builder(w)
     b.set(_annotation(keys.REASON_ANNOTATION), reason)
-    plan.actions += [_patch(b, Step.HOLD),
-                     Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, detail))]
+    for key, value in extra.items():
+        b.set(_annotation(key), value)
+    plan.actions.append(_patch(b, Step.HOLD))
+    if new_reason:
+        plan.actions.append(Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, detail)))
 
 
 # --- helpers -----------------------------------------------------------------------------------

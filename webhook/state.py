@@ -22,6 +22,13 @@ from raygate.webhook.gangs import GangGroups
 log = logging.getLogger("raygate.webhook")
 
 
+def namespace_view(obj: JSON) -> JSON:
+    """A namespace as each worker keeps it: its name and labels, all a review reads (not its annotations,
+    managedFields, spec and status: several times the size, times every namespace, times every worker)."""
+    meta = obj.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "labels": meta.get("labels") or {}}}
+
+
 @dataclass
 class WebhookState:
     config_source: ConfigSource
@@ -72,7 +79,7 @@ class WebhookState:
                 metrics.CONFIG_REJECTED.inc()
 
         metrics.CONFIG_VALID.set(1)  # the defaults serve until a ConfigMap says otherwise
-        informer = Informer(kube, NAMESPACES, resync_seconds=600).start()
+        informer = Informer(kube, NAMESPACES, resync_seconds=600, transform=namespace_view).start()
         claims = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=600, transform=dra.template_view).start()
                   if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
         served = discovery.served(kube)  # a config whose mode this cluster cannot run is rejected

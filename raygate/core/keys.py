@@ -18,6 +18,8 @@ REQUEST_ANNOTATION = f"{DOMAIN}/provisioning-request"
 ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
 REASON_ANNOTATION = f"{DOMAIN}/reason"
 NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
+# "<request> <time>": when the autoscaler first answered that request not Provisioned (its retry clock starts)
+NOT_PROVISIONED_SINCE_ANNOTATION = f"{DOMAIN}/not-provisioned-since"
 ADMITTED_AT_ANNOTATION = f"{DOMAIN}/admitted-at"
 # On a ProvisioningRequest: the fingerprint of the pod sets it books (names, counts, templates).
 POD_SETS_ANNOTATION = f"{DOMAIN}/pod-sets"

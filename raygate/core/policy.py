@@ -76,7 +76,8 @@ class ProvisioningPolicy(_Strict):
         default_factory=dict, description="spec.parameters (values at most 255 characters)."
     )
     provisioned_timeout_seconds: float = Field(
-        1800.0, gt=0, description="A request Accepted but not Provisioned for this long is retried."
+        1800.0, gt=0, description="A request still not Provisioned this long after the cluster-autoscaler first "
+        "answered it not Provisioned is retried; one it has not answered yet (queued behind others) waits."
     )
     capacity_revoked: CapacityRevokedAction = Field(
         CapacityRevokedAction.REPORT, description="What to do when CapacityRevoked turns True after admission."

@@ -56,11 +56,13 @@ class Layout:
     provisioning_request_backoff: str = "2s"  # retry of a request that could not be provisioned [1m]
     scale_down_delay_after_add: str = "20s"  # [10m]
     scale_down_unneeded_time: str = "10s"  # [10m]
+    # Where it serves /metrics (its loop's own timings); port 0: a free one, not told to anyone.
+    metrics_address: str = "127.0.0.1:0"
 
     def autoscaler_args(self) -> list[str]:
         return [
             "--cloud-provider=kwok", "--enable-provisioning-requests=true", f"--namespace={NAMESPACE}",
-            f"--scan-interval={self.scan_interval}", "--leader-elect=false", "--address=127.0.0.1:0",
+            f"--scan-interval={self.scan_interval}", "--leader-elect=false", f"--address={self.metrics_address}",
             f"--provisioning-request-initial-backoff-time={self.provisioning_request_backoff}",
             f"--provisioning-request-max-backoff-time={self.provisioning_request_backoff}",
             f"--scale-down-delay-after-add={self.scale_down_delay_after_add}",

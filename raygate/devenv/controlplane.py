@@ -44,6 +44,16 @@ CONTROLLERS = (
     "job-controller",  # KubeRay's batch Jobs: without it the K8sJobMode submitter pod never exists
 )
 
+# The audit policy of `up(audit=True)`: writes only, metadata only, Lease renewals left out.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "None", "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}]},
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
 
 GANG_STATE = "gang-scheduling"  # state.extra: "on" when the control plane runs with Kubernetes' gang scheduling
 
@@ -253,11 +263,17 @@ class ControlPlane:
             raise RaygateError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[:500]}")
         return proc.stdout
 
+    @property
+    def audit_log(self) -> Path:
+        """Where kube-apiserver writes its audit log when started with `audit=True`."""
+        return self.logs / "audit.log"
+
     def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True,
-           gang: bool | None = None) -> State:
+           gang: bool | None = None, audit: bool = False) -> State:
         """`gang`: Kubernetes' own gang scheduling on (True) or off (False): the Workload and PodGroup API,
         scheduling.k8s.io, served and run, through the feature gates of kube-apiserver, kube-controller-manager
-        and kube-scheduler. None: as the running control plane has it (off for a new one)."""
+        and kube-scheduler. None: as the running control plane has it (off for a new one). `audit`: a new
+        control plane's kube-apiserver writes an audit log of every write (`audit_log`)."""
         if not self.bundle.complete:
             raise RaygateError(
                 f"the control-plane binaries are not built in {self.bundle.root}: run `make cluster-bins`"
@@ -288,7 +304,7 @@ class ControlPlane:
             state.extra[GANG_STATE] = "on"
         self.save_state(state)
         try:
-            self._start(state, kuberay=kuberay)
+            self._start(state, kuberay=kuberay, audit=audit)
         except BaseException:
             self.down(log=False)
             raise
@@ -297,7 +313,7 @@ class ControlPlane:
                   f"in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
         return state
 
-    def _start(self, state: State, *, kuberay: bool) -> None:
+    def _start(self, state: State, *, kuberay: bool, audit: bool = False) -> None:
         self._write_pki()
         self._write_kubeconfig(state.apiserver_port)
         etcd_data = self.workdir / "etcd"
@@ -339,6 +355,7 @@ class ControlPlane:
             "--profiling=false",
             f"--cert-dir={p}",
             "--v=0",
+            *(self._audit_args() if audit else []),
         ])
         self.wait_for(state, "etcd", lambda: True, 1)
         self.wait_for(state, "kube-apiserver", lambda: self._ready(state), 60)
@@ -351,6 +368,14 @@ class ControlPlane:
         unregister_webhook(self)
         if kuberay:
             self.start_kuberay(state)
+
+    def _audit_args(self) -> list[str]:
+        """Audit every write but Lease renewals, one line each (who, what, answer): a benchmark counts
+        writes by writer from it, which the API server's own metrics cannot tell apart."""
+        policy = self.workdir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        self.logs.mkdir(parents=True, exist_ok=True)
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-format=json"]
 
     def start_controller_manager(self, state: State, extra: tuple[str, ...] = ()) -> None:
         """kube-controller-manager with the controllers the local stack needs, plus `extra` ones; a

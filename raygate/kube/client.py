@@ -1,9 +1,10 @@
 """A small raw-JSON Kubernetes client over urllib3.
 
-The `kubernetes` package is used for what it does well, loading kubeconfig or in-cluster
-credentials (with token refresh); requests go straight over urllib3 and are parsed with orjson,
-because its generated models cost far more CPU and memory than plain dicts and its watch helper
-hides resourceVersion and bookmark handling that a level-triggered controller must own.
+Credentials come from raygate.kube.credentials (a service account, a client certificate, a token),
+or from the `kubernetes` package where a kubeconfig says more (exec plugins, auth providers). Requests
+go straight over urllib3 and are parsed with orjson: the `kubernetes` package's generated models cost
+far more CPU and memory than plain dicts, and its watch helper hides resourceVersion and bookmark
+handling that a level-triggered controller must own.
 """
 
 from __future__ import annotations
@@ -107,7 +108,18 @@ class Kube:
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, user_agent: str = "raygate", pool_size: int = 8) -> Kube:
-        """In-cluster credentials when running in a pod, else the kubeconfig (or $KUBECONFIG)."""
+        """In-cluster credentials when running in a pod, else the kubeconfig (or $KUBECONFIG).
+
+        Read by raygate.kube.credentials where they are a service account, a client certificate or a token;
+        by the `kubernetes` package (imported only then) where a kubeconfig says more."""
+        from raygate.kube import credentials
+
+        try:
+            found = credentials.load(kubeconfig)
+        except credentials.CredentialsError as err:
+            raise RaygateError(f"cannot load the Kubernetes configuration: {err}") from None
+        if found is not None:
+            return cls(found, user_agent=user_agent, pool_size=pool_size)
         from kubernetes import client, config
 
         conf = client.Configuration()

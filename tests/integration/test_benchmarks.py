@@ -1,7 +1,8 @@
 """`make bench` keeps printing what the project claims: the benchmarks run end to end, small.
 
-The burst and the side-by-side with Kueue run as `make bench` runs them (`python -m benchmarks.run`,
-their own fresh control planes), with a handful of jobs; the soak for 2 minutes instead of 30. Nothing
+The burst, the side-by-side with Kueue and the end-to-end comparison on the real autoscaler run as `make
+bench` runs them (`python -m benchmarks.run`, their own fresh control planes), with a handful of jobs; the
+soak for 2 minutes instead of 30. Nothing
 here judges a figure: speed and memory live in `make bench`. What is asserted is what a reader of its
 output relies on: every job was admitted, the tables are printed, and the JSON holds the figures they
 show; and for the soak, the invariants it checks (they are correctness, not figures) all hold.
@@ -54,8 +55,9 @@ def test_the_side_by_side_with_kueue_prints_both_columns_and_what_differs(tmp_pa
     assert report["median"]["raygate"]["writes_per_job"] <= 6
     assert report["median"]["kueue"]["writes_per_job"] > 0
     for title in ("raygate and Kueue v", "x raygate", "How each side ran", "Differences and why",
-                  "client QPS"):
+                  "client QPS", "everything installed: peak PSS"):
         assert title in out, f"{title!r} not printed"
+    assert (tmp_path / "peer-cdf.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.integration
@@ -88,3 +90,36 @@ def test_a_short_soak_with_kills_ends_with_every_invariant_holding(tmp_path: Pat
         assert title in out, f"{title!r} not printed"
     for what in VIOLATIONS:
         assert any(line.startswith(f"VIOLATION: {what}") and line.split()[-1] == "0" for line in out.splitlines()), what
+
+
+@pytest.mark.integration
+@pytest.mark.kuberay
+@pytest.mark.kueue
+@pytest.mark.timeout(960)  # run_bench gives up after 900 s
+def test_the_e2e_comparison_runs_every_job_on_both_sides_and_draws_its_pictures(tmp_path: Path) -> None:
+    from benchmarks.e2e_bench import MILESTONES, SUMMARY_ROWS
+
+    out, report = run_bench(tmp_path, "e2e", "--e2e-jobs", "2", "--e2e-rounds", "1")
+    runs = report["runs"]
+    assert sorted(r["side"] for r in runs) == ["kueue", "raygate"]
+    for r in runs:
+        # Every job reached Running, through every milestone, on capacity the real autoscaler added.
+        assert r["all_running"] and r["running"] == 2, (r["side"], r["running"])
+        for job, marks in r["marks"].items():
+            assert [m for m in MILESTONES if m not in marks] == [], (r["side"], job, marks)
+        assert r["gpu_nodes_added"] >= r["gpu_nodes_needed"] == 2
+        assert r["writes"]["by_writer"].get("cluster-autoscaler", 0) > 0, r["writes"]["by_writer"]
+        assert r["autoscaler"]["loops"] > 0
+    # Both columns filled: every row of the table has a figure for each side.
+    for side in ("raygate 2", "kueue 2"):
+        empty = [row for row in SUMMARY_ROWS if report["median"][side][row] != report["median"][side][row]]  # NaN
+        assert empty == [], (side, empty)
+    assert report["median"]["raygate 2"]["API writes per job, the side's own"] > 0
+    assert report["median"]["kueue 2"]["API writes per job, the side's own"] > 0
+    for title in ("GPU RayJobs from create to every Ray pod Running", "raygate, 2 jobs", "Kueue, 2 jobs",
+                  "Where the time goes", "Differences and why", "Kueue has no such gate"):
+        assert title in out, f"{title!r} not printed"
+    for name in ("e2e-cdf-2.png", "e2e-timeline-2.png"):
+        picture = tmp_path / name
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
+        assert str(picture) in report["pictures"]

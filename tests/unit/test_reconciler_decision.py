@@ -240,15 +240,63 @@ def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
     assert applied(w, plan)["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] == "1"
 
 
-def test_stuck_accepted_past_the_timeout_is_retried() -> None:
+def since(w: Workload, attempt: int, seconds_ago: float) -> str:
+    return f"{rname(w, attempt)} {decision.precise_timestamp(NOW - dt.timedelta(seconds=seconds_ago))}"
+
+
+@pytest.mark.parametrize("conds", [(), (("Accepted", "True", "A"),)], ids=["queued", "accepted, not answered"])
+def test_a_request_the_autoscaler_has_not_answered_waits_past_the_timeout(conds: tuple[Any, ...]) -> None:
+    # The autoscaler takes one request per loop, in no set order: a request older than the timeout may just
+    # not have had its turn, and a new one would join the same queue after a backoff.
     w = provisioning()
-    pr = request(w, 1, ("Accepted", "True", "A"), age=301)
+    pr = request(w, 1, *conds, age=10_000)
     plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
-    assert plan.outcome == "retry"
-    assert "not Provisioned within 300s" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
-    young = request(w, 1, ("Accepted", "True", "A"), age=100)
-    waiting = decision.decide(w, Observed(requests=(young,), templates=templates(w)), policy(), NOW)
+    assert (plan.outcome, plan.actions, plan.requeue_after) == ("waiting", [], 300)
+
+
+def test_the_timeout_counts_from_the_autoscalers_first_answer_recorded_with_it() -> None:
+    w = provisioning()
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"), age=10_000)
+    first = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert kinds(first) == ["patch hold", "event WaitingForCapacity"] and first.requeue_after == 300
+    assert applied(w, first)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 1, 0)
+    later = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(w, 1, 100)})
+    waiting = decision.decide(later, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert waiting.outcome == "waiting" and waiting.requeue_after == 200
+    expired = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(w, 1, 301)})
+    retry = decision.decide(expired, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert retry.outcome == "retry"
+    after = applied(expired, retry)["metadata"]["annotations"]
+    assert "not Provisioned within 300s of the autoscaler's first answer" in after[keys.REASON_ANNOTATION]
+    assert keys.NOT_PROVISIONED_SINCE_ANNOTATION not in after
+
+
+def test_a_first_answer_recorded_for_an_earlier_request_does_not_count() -> None:
+    w = provisioning(2, **{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(job(), 1, 10_000)})
+    pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"))
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert plan.outcome == "waiting" and plan.requeue_after == 300
+    assert applied(w, plan)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 2, 0)
+
+
+def test_an_unchanged_answer_with_its_clock_missing_records_only_the_clock() -> None:
+    # A job held before the clock was recorded (an older raygate): the clock starts now, without a second Event.
+    w = provisioning()
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"))
+    reason = applied(w, decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW))[
+        "metadata"]["annotations"][keys.REASON_ANNOTATION]
+    held = provisioning(**{keys.REASON_ANNOTATION: reason})
+    plan = decision.decide(held, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert kinds(plan) == ["patch hold"]
+    assert applied(held, plan)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 1, 0)
+
+
+def test_admission_drops_the_clock_of_the_request_it_admits_on() -> None:
+    w = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(job(), 1, 60)})
+    pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    assert plan.outcome == "admitted"
+    assert keys.NOT_PROVISIONED_SINCE_ANNOTATION not in applied(w, plan)["metadata"]["annotations"]
 
 
 def test_capacity_not_found_is_reported_once() -> None:
