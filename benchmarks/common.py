@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence, Sized
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -371,3 +371,88 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"bench: kept {workdir} (RAYGATE_BENCH_KEEP)")
+
+
+# --- waiting on a Ray cluster -----------------------------------------------------------------------------------
+
+
+def until(check: Callable[..., object], timeout: float, what: str, interval: float = 0.05) -> float:
+    """Poll `check` until it is true; return the moment it was (monotonic), or raise BenchError naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return time.monotonic()
+        time.sleep(interval)
+    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def gpu_workers(kube: Any, cluster: str, namespace: str, group: str = "gpu") -> list[dict[str, Any]]:
+    """The pods of one worker group of a RayCluster (KubeRay's labels)."""
+    from raygate.core import keys
+    from raygate.core.api import PODS
+
+    return [p for p in kube.list(PODS, namespace, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={cluster}")["items"]
+            if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == group]
+
+
+def bound_workers(kube: Any, cluster: str, namespace: str) -> int:
+    return sum(bool(p["spec"].get("nodeName")) for p in gpu_workers(kube, cluster, namespace))
+
+
+def request_provisioned(kube: Any, cluster: str, namespace: str) -> bool:
+    """Whether the ProvisioningRequest raygate recorded on a held RayCluster is Provisioned."""
+    from raygate.core import keys
+    from raygate.core.api import RAYCLUSTERS, provisioning_requests
+    from raygate.core.conditions import conditions
+    from raygate.kube.client import ApiError
+
+    obj = kube.get(RAYCLUSTERS, cluster, namespace)
+    request = (obj["metadata"].get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
+    if not request:
+        return False
+    try:
+        found = conditions(kube.get(provisioning_requests("v1"), request, namespace))
+    except ApiError as err:
+        if err.not_found:  # deleted between the two reads (a retry): not Provisioned
+            return False
+        raise
+    return "Provisioned" in found and found["Provisioned"].true
+
+
+@dataclass
+class RequestOwners:
+    """Which RayJob a ProvisioningRequest books: raygate's requests are owned by the job itself, Kueue's by the
+    job's Workload, whose own owner is the job. A request seen before its Workload waits here (with whatever the
+    caller keeps about it) until the Workload is seen. Not locked: callers hold their own lock."""
+
+    names: set[str]
+    job_of_workload: dict[str, str] = field(default_factory=dict)
+    early: dict[str, list[tuple[Any, float]]] = field(default_factory=dict)  # workload -> requests seen first
+
+    def workload(self, obj: dict[str, Any]) -> list[tuple[str, Any, float]]:
+        """Record a Workload; return (job, request, seen) for each of its requests seen before it."""
+        job = self._job(obj)
+        if job is None:
+            return []
+        name = str(obj["metadata"].get("name"))
+        self.job_of_workload[name] = job
+        return [(job, request, seen) for request, seen in self.early.pop(name, [])]
+
+    def request(self, obj: dict[str, Any], keep: Any, seen: float) -> str | None:
+        """The job a request books, or None (not one of ours, or its Workload not seen yet: `keep` waits)."""
+        job = self._job(obj)
+        if job is not None:
+            return job
+        for ref in obj["metadata"].get("ownerReferences") or []:
+            if ref.get("kind") == "Workload":
+                workload = str(ref.get("name"))
+                if workload in self.job_of_workload:
+                    return self.job_of_workload[workload]
+                self.early.setdefault(workload, []).append((keep, seen))
+        return None
+
+    def _job(self, obj: dict[str, Any]) -> str | None:
+        from raygate.core import keys
+
+        return next((str(ref["name"]) for ref in obj["metadata"].get("ownerReferences") or []
+                     if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names), None)

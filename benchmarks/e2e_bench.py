@@ -136,8 +136,7 @@ class Tracker:
     names: set[str]
     marks: dict[str, dict[str, float]] = field(default_factory=dict)
     requests_of: dict[str, set[str]] = field(default_factory=dict)
-    job_of_workload: dict[str, str] = field(default_factory=dict)
-    early: dict[str, list[tuple[JSON, float]]] = field(default_factory=dict)  # workload -> requests seen first
+    owners: common.RequestOwners = field(init=False)
     job_of_cluster: dict[str, str] = field(default_factory=dict)
     pods: dict[str, dict[str, PodSeen]] = field(default_factory=dict)  # cluster -> pod -> state
     nodes: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU node -> added / ready
@@ -145,6 +144,7 @@ class Tracker:
 
     def __post_init__(self) -> None:
         self.marks = {n: {} for n in self.names}
+        self.owners = common.RequestOwners(self.names)
 
     def _mark(self, job: str, what: str, when: float) -> None:
         if job in self.marks and what not in self.marks[job]:
@@ -163,28 +163,18 @@ class Tracker:
                 self._mark(str(metadata(obj).get("name")), "unsuspended", now)
 
     def on_workload(self, kind: str, obj: JSON) -> None:
-        meta = metadata(obj)
-        for ref in meta.get("ownerReferences") or []:
-            if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
-                with self.changed:
-                    self.job_of_workload[str(meta.get("name"))] = str(ref["name"])
-                    for request, seen in self.early.pop(str(meta.get("name")), []):
-                        self._request(str(ref["name"]), request, seen)
+        with self.changed:
+            for job, request, seen in self.owners.workload(obj):
+                self._request(job, request, seen)
 
     def on_request(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
         if kind == "DELETED":
             return
         with self.changed:
-            for ref in metadata(obj).get("ownerReferences") or []:
-                if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:  # raygate's
-                    self._request(str(ref["name"]), obj, now)
-                elif ref.get("kind") == "Workload":  # Kueue's
-                    job = self.job_of_workload.get(str(ref.get("name")))
-                    if job is None:
-                        self.early.setdefault(str(ref.get("name")), []).append((obj, now))
-                    else:
-                        self._request(job, obj, now)
+            job = self.owners.request(obj, obj, now)
+            if job is not None:
+                self._request(job, obj, now)
 
     def _request(self, job: str, obj: JSON, when: float) -> None:
         self.requests_of.setdefault(job, set()).add(str(metadata(obj).get("name")))

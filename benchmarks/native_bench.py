@@ -21,13 +21,11 @@ from typing import Any
 import yaml
 
 from benchmarks import common
-from benchmarks.common import BenchError, Target
-from benchmarks.podgate_bench import _cluster, _until
+from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, request_provisioned, until
+from benchmarks.podgate_bench import raycluster
 from raygate.core import keys
-from raygate.core.api import NODES, PODS, RAYCLUSTERS, gang_pod_groups, provisioning_requests
-from raygate.core.conditions import conditions
-from raygate.core.objects import JSON
-from raygate.kube.client import ApiError, Kube
+from raygate.core.api import NODES, RAYCLUSTERS, gang_pod_groups
+from raygate.kube.client import Kube
 
 GANG = 32
 ROUNDS = 3
@@ -39,37 +37,19 @@ CONFIG = {"defaults": {"provisioning": {"className": keys.CHECK_CAPACITY_CLASS}}
           "namespaces": {NAMESPACE[m]: {"mode": m} for m in MODES}}
 
 
-def _workers(kube: Kube, name: str, ns: str) -> list[JSON]:
-    return [p for p in kube.list(PODS, ns, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={name}")["items"]
-            if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == "gpu"]
-
-
-def _provisioned(kube: Kube, name: str, ns: str) -> bool:
-    obj = kube.get(RAYCLUSTERS, name, ns)
-    request = (obj["metadata"].get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
-    if not request:
-        return False
-    try:
-        found = conditions(kube.get(provisioning_requests("v1"), request, ns))
-    except ApiError:
-        return False
-    return "Provisioned" in found and found["Provisioned"].true
-
-
 def _one(kube: Kube, mode: str, name: str, timeout: float) -> float:
     ns = NAMESPACE[mode]
-    cluster = _cluster(name, ns, GANG)
+    cluster = raycluster(name, ns, GANG)
     cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {
         "raygate.dev/node-group": STATIC_GROUP}
     kube.create(RAYCLUSTERS, cluster, ns)
-    provisioned = _until(lambda: _provisioned(kube, name, ns), timeout, f"{name} Provisioned", 0.05)
-    done = _until(lambda: sum(bool(p["spec"].get("nodeName")) for p in _workers(kube, name, ns)) == GANG, timeout,
-                  f"every worker of {name} bound", 0.05)
-    if mode == "native" and not any(p["spec"].get("schedulingGroup") for p in _workers(kube, name, ns)):
+    provisioned = until(lambda: request_provisioned(kube, name, ns), timeout, f"{name} Provisioned", 0.05)
+    done = until(lambda: bound_workers(kube, name, ns) == GANG, timeout, f"every worker of {name} bound", 0.05)
+    if mode == "native" and not any(p["spec"].get("schedulingGroup") for p in gpu_workers(kube, name, ns)):
         raise BenchError(f"{name}'s pods name no PodGroup: native mode did not run")
     kube.delete(RAYCLUSTERS, name, ns)
-    _until(lambda: not _workers(kube, name, ns) and not kube.list(gang_pod_groups("v1alpha2"), ns)["items"],
-           timeout, f"{name}'s pods and PodGroup gone", 0.5)
+    until(lambda: not gpu_workers(kube, name, ns) and not kube.list(gang_pod_groups("v1alpha2"), ns)["items"],
+          timeout, f"{name}'s pods and PodGroup gone", 0.5)
     return done - provisioned
 
 
@@ -96,7 +76,7 @@ def on_capacity(rounds: int, timeout: float) -> dict[str, Any]:
         for i in range(GANG // layout.gpus_per_node):
             cp.kubectl("apply", "-f", "-", input_text=json.dumps(
                 node(f"{STATIC_GROUP}-{i}", STATIC_GROUP, 16, 128, gpus=layout.gpus_per_node)))
-        _until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
+        until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
             c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
             == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
         seconds: dict[str, list[float]] = {m: [] for m in MODES}

@@ -106,9 +106,11 @@ class Tracker:
     request_seen: dict[str, float] = field(default_factory=dict)
     request_of: dict[str, str] = field(default_factory=dict)
     unsuspended: dict[str, float] = field(default_factory=dict)
-    job_of_workload: dict[str, str] = field(default_factory=dict)
-    waiting: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # workload -> requests seen early
     changed: threading.Condition = field(default_factory=threading.Condition)
+    owners: common.RequestOwners = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.owners = common.RequestOwners(self.names)
 
     def on_job(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
@@ -121,30 +123,19 @@ class Tracker:
                 self.changed.notify_all()
 
     def on_workload(self, kind: str, obj: JSON) -> None:
-        meta = metadata(obj)
-        for ref in meta.get("ownerReferences") or []:
-            if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
-                with self.changed:
-                    self.job_of_workload[str(meta.get("name"))] = str(ref["name"])
-                    for request, seen in self.waiting.pop(str(meta.get("name")), []):
-                        self._seen(str(ref["name"]), request, seen)
+        with self.changed:
+            for job, request, seen in self.owners.workload(obj):
+                self._seen(job, request, seen)
 
     def on_request(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
         if kind == "DELETED":
             return
-        meta = metadata(obj)
-        name = str(meta.get("name"))
-        for ref in meta.get("ownerReferences") or []:
-            with self.changed:
-                if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names:
-                    self._seen(str(ref["name"]), name, now)
-                elif ref.get("kind") == "Workload":
-                    job = self.job_of_workload.get(str(ref.get("name")))
-                    if job is None:
-                        self.waiting.setdefault(str(ref.get("name")), []).append((name, now))
-                    else:
-                        self._seen(job, name, now)
+        name = str(metadata(obj).get("name"))
+        with self.changed:
+            job = self.owners.request(obj, name, now)
+            if job is not None:
+                self._seen(job, name, now)
 
     def _seen(self, job: str, request: str, when: float) -> None:
         if job not in self.request_seen:

@@ -24,11 +24,11 @@ from typing import Any
 import orjson
 
 from benchmarks import common
-from benchmarks.common import BenchError, Target
+from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, request_provisioned, until
 from benchmarks.samples import admission_review
 from benchmarks.webhook_bench import drive
 from raygate.core import keys
-from raygate.core.api import NODES, PODS, RAYCLUSTERS
+from raygate.core.api import NODES, RAYCLUSTERS
 from raygate.core.objects import JSON
 from raygate.kube.client import Kube
 
@@ -90,7 +90,7 @@ def served(warmup: float, duration: float) -> list[dict[str, Any]]:
     return runs
 
 
-def _cluster(name: str, namespace: str, workers: int, *, autoscaling: bool = False) -> JSON:
+def raycluster(name: str, namespace: str, workers: int, *, autoscaling: bool = False) -> JSON:
     worker = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": name, "namespace": namespace},
             "spec": {"enableInTreeAutoscaling": autoscaling,
@@ -102,39 +102,6 @@ def _cluster(name: str, namespace: str, workers: int, *, autoscaling: bool = Fal
                                            "template": {"spec": {"containers": [{
                                                "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
                                                "resources": {"requests": worker, "limits": worker}}]}}}]}}
-
-
-def _workers(kube: Kube, name: str, namespace: str = NAMESPACE) -> list[JSON]:
-    return [p for p in kube.list(PODS, namespace, labelSelector=f"{keys.RAY_CLUSTER_LABEL}={name}")["items"]
-            if (p["metadata"].get("labels") or {}).get(keys.RAY_GROUP_LABEL) == "gpu"]
-
-
-def _bound(kube: Kube, name: str, namespace: str = NAMESPACE) -> int:
-    return sum(bool(p["spec"].get("nodeName")) for p in _workers(kube, name, namespace))
-
-
-def _until(check: Any, timeout: float, what: str, interval: float = 0.05) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return time.monotonic()
-        time.sleep(interval)
-    raise BenchError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _provisioned(kube: Kube, name: str) -> bool:
-    from raygate.core.api import provisioning_requests
-    from raygate.core.conditions import conditions
-
-    obj = kube.get(RAYCLUSTERS, name, GANG_NAMESPACE)
-    request = (obj["metadata"].get("annotations") or {}).get(keys.REQUEST_ANNOTATION)
-    if not request:
-        return False
-    try:
-        found = conditions(kube.get(provisioning_requests("v1"), request, GANG_NAMESPACE))
-    except Exception:
-        return False
-    return "Provisioned" in found and found["Provisioned"].true
 
 
 def _pod_rules(cp: Any, on: bool) -> None:
@@ -178,14 +145,17 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
         # (3) a scale-up on the real autoscaler: its GPU node group starts at zero.
-        kube.create(RAYCLUSTERS, _cluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
-        _until(lambda: _bound(kube, "elastic") == 1, timeout, "the elastic cluster's first worker bound", 0.5)
+        kube.create(RAYCLUSTERS, raycluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
+        until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1, timeout,
+              "the elastic cluster's first worker bound", 0.5)
         patched = time.monotonic()
         kube.patch(RAYCLUSTERS, "elastic", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
                                              "value": 1 + SCALE_UP}], NAMESPACE,
                    content_type="application/json-patch+json")
-        first = _until(lambda: len(_workers(kube, "elastic")) > 1, timeout, "the first pod of the scale-up")
-        bound = _until(lambda: _bound(kube, "elastic") == 1 + SCALE_UP, timeout, "the scale-up's pods bound", 0.2)
+        first = until(lambda: len(gpu_workers(kube, "elastic", NAMESPACE)) > 1, timeout,
+                      "the first pod of the scale-up")
+        bound = until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1 + SCALE_UP, timeout,
+                      "the scale-up's pods bound", 0.2)
         out["scale_up"] = {"pods": SCALE_UP, "created_to_bound_s": round(bound - first, 2),
                            "patched_to_bound_s": round(bound - patched, 2)}
         print(f"bench: scale-up of {SCALE_UP} workers: replicas patched -> bound {bound - patched:.1f}s, "
@@ -195,7 +165,7 @@ def on_capacity(timeout: float) -> dict[str, Any]:
         for i in range(GANG // layout.gpus_per_node):
             cp.kubectl("apply", "-f", "-", input_text=json.dumps(
                 node(f"{STATIC_GROUP}-{i}", STATIC_GROUP, 16, 128, gpus=layout.gpus_per_node)))
-        _until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
+        until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
             c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
             == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
         rounds: dict[str, list[float]] = {"gated": [], "ungated": []}
@@ -204,14 +174,15 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             _pod_rules(cp, gated)
             side = "gated" if gated else "ungated"
             name = f"gang-{side}-{i // 2}"
-            kube.create(RAYCLUSTERS, _cluster(name, GANG_NAMESPACE, GANG), GANG_NAMESPACE)
-            provisioned = _until(lambda n=name: _provisioned(kube, n), timeout, f"{name} Provisioned", 0.05)
-            done = _until(lambda n=name: _bound(kube, n, GANG_NAMESPACE) == GANG, timeout,
-                          f"every worker of {name} bound", 0.1)
+            kube.create(RAYCLUSTERS, raycluster(name, GANG_NAMESPACE, GANG), GANG_NAMESPACE)
+            provisioned = until(lambda n=name: request_provisioned(kube, n, GANG_NAMESPACE), timeout,
+                                f"{name} Provisioned", 0.05)
+            done = until(lambda n=name: bound_workers(kube, n, GANG_NAMESPACE) == GANG, timeout,
+                         f"every worker of {name} bound", 0.1)
             rounds[side].append(round(done - provisioned, 2))
             print(f"bench: {name}: Provisioned -> {GANG} workers bound {done - provisioned:.1f}s", flush=True)
             kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
-            _until(lambda n=name: not _workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
+            until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
         for side, seconds in rounds.items():
             out[f"gang-{side}"] = {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds)}
     return out
