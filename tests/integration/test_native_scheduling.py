@@ -20,12 +20,12 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import builders
 import pytest
 import yaml
+from raystack import RayStack
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -60,26 +60,7 @@ CONFIG = {
 }
 
 
-@dataclass
-class Stack:
-    cluster: ControlPlane
-    kube: Kube
-
-    def create(self, obj: JSON, ns: str | None = None) -> JSON:
-        flags = ["-n", ns] if ns else []
-        return dict(json.loads(self.cluster.kubectl("create", *flags, "-o", "json", "-f", "-",
-                                                    input_text=json.dumps(obj))))
-
-    def get(self, ns: str, kind: str, name: str) -> JSON:
-        return self.kube.get(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
-
-    def state(self, ns: str, kind: str, name: str) -> str:
-        return str((self.get(ns, kind, name)["metadata"].get("labels") or {}).get(keys.STATE_LABEL))
-
-    def wait_state(self, ns: str, kind: str, name: str, want: str, timeout: float = 120) -> JSON:
-        wait(lambda: self.state(ns, kind, name) == want, timeout, f"{kind} {ns}/{name} to be {want}", interval=0.5)
-        return self.get(ns, kind, name)
-
+class Stack(RayStack):
     def groups(self, ns: str) -> list[JSON]:
         return list(self.kube.list(PODGROUPS, ns).get("items") or [])
 

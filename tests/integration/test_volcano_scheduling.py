@@ -16,16 +16,15 @@ no pod that counts toward minMember is bound, or at least minMember are.
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import builders
 import pytest
 import yaml
 from procs import processes_mentioning
+from raystack import RayStack
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -64,25 +63,7 @@ CONFIG = {
 }
 
 
-@dataclass
-class Stack:
-    cluster: ControlPlane
-    kube: Kube
-
-    def create(self, obj: JSON) -> JSON:
-        out = self.cluster.kubectl("create", "-f", "-", "-o", "json", input_text=json.dumps(obj))
-        return dict(json.loads(out))
-
-    def get(self, ns: str, kind: str, name: str) -> JSON:
-        return self.kube.get(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
-
-    def state(self, ns: str, kind: str, name: str) -> str:
-        return str((self.get(ns, kind, name)["metadata"].get("labels") or {}).get(keys.STATE_LABEL))
-
-    def wait_state(self, ns: str, kind: str, name: str, want: str, timeout: float = 120) -> JSON:
-        wait(lambda: self.state(ns, kind, name) == want, timeout, f"{kind} {ns}/{name} to be {want}", interval=0.5)
-        return self.get(ns, kind, name)
-
+class Stack(RayStack):
     def pod_group(self, ns: str, name: str) -> JSON | None:
         items = self.kube.list(PODGROUPS, ns).get("items") or []
         return next((g for g in items if g["metadata"]["name"] == name), None)

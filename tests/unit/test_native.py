@@ -12,6 +12,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from builders import RayJob, config, request
+from plans import kinds
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
@@ -22,7 +23,7 @@ from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, pa
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import decision, gating
-from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, ReleasePod
+from raygate.reconciler.decision import Create, Observed, PatchChild, PatchJob, Plan
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -49,22 +50,6 @@ def job(state: str = "Pending", *, workers: int = 4, cpu_workers: int = 0, suspe
 
 def policy(**override: Any) -> NamespacePolicy:
     return merge_override(NamespacePolicy(), {"mode": "native", **override})
-
-
-def kinds(plan: Plan) -> list[str]:
-    out = []
-    for a in plan.actions:
-        if isinstance(a, Create):
-            out.append(f"create {a.kind}")
-        elif isinstance(a, Delete):
-            out.append(f"delete {a.kind} {a.name}")
-        elif isinstance(a, PatchJob):
-            out.append(f"patch {a.step}")
-        elif isinstance(a, Emit):
-            out.append(f"event {a.reason}")
-        elif isinstance(a, ReleasePod):
-            out.append(f"release {a.name}")
-    return out
 
 
 def applied(w: Workload, plan: Plan) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from builders import RayJob
+from plans import kinds
 
 from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
@@ -16,7 +17,7 @@ from raygate.core.modes import GroupSpec, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
 from raygate.reconciler import children, decision, gating
-from raygate.reconciler.decision import Create, Delete, Emit, Observed, PatchJob, Plan
+from raygate.reconciler.decision import Create, Emit, Observed, PatchJob, Plan
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 GPU = {"nvidia.com/gpu": "1"}
@@ -81,20 +82,6 @@ def applied(w: Workload, plan: Plan) -> dict[str, Any]:
         if isinstance(a, PatchJob):
             obj = jsonpatch.apply_patch(obj, list(a.ops))
     return dict(obj)
-
-
-def kinds(plan: Plan) -> list[str]:
-    out = []
-    for a in plan.actions:
-        if isinstance(a, Create):
-            out.append(f"create {a.kind}")
-        elif isinstance(a, Delete):
-            out.append(f"delete {a.kind} {a.name}")
-        elif isinstance(a, PatchJob):
-            out.append(f"patch {a.step}")
-        elif isinstance(a, Emit):
-            out.append(f"event {a.reason}")
-    return out
 
 
 def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:

@@ -1,0 +1,21 @@
+"""A reconciler plan as a list of words, so a test can say in one line what raygate would do."""
+
+from __future__ import annotations
+
+from raygate.reconciler.decision import Create, Delete, Emit, PatchJob, Plan, ReleasePod
+
+
+def kinds(plan: Plan) -> list[str]:
+    out = []
+    for a in plan.actions:
+        if isinstance(a, Create):
+            out.append(f"create {a.kind}")
+        elif isinstance(a, Delete):
+            out.append(f"delete {a.kind} {a.name}")
+        elif isinstance(a, PatchJob):
+            out.append(f"patch {a.step}")
+        elif isinstance(a, Emit):
+            out.append(f"event {a.reason}")
+        elif isinstance(a, ReleasePod):
+            out.append(f"release {a.name}")
+    return out

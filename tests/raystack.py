@@ -1,0 +1,36 @@
+"""A running control plane as the scheduling tests drive it: create as a user would (`kubectl create`), read
+raygate's state off a RayJob or RayCluster, wait for one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from waiting import wait
+
+from raygate.core import keys
+from raygate.core.api import RAYCLUSTERS, RAYJOBS
+from raygate.core.objects import JSON
+from raygate.devenv.controlplane import ControlPlane
+from raygate.kube.client import Kube
+
+
+@dataclass
+class RayStack:
+    cluster: ControlPlane
+    kube: Kube
+
+    def create(self, obj: JSON, ns: str | None = None) -> JSON:
+        flags = ["-n", ns] if ns else []
+        return dict(json.loads(self.cluster.kubectl("create", *flags, "-o", "json", "-f", "-",
+                                                    input_text=json.dumps(obj))))
+
+    def get(self, ns: str, kind: str, name: str) -> JSON:
+        return self.kube.get(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
+
+    def state(self, ns: str, kind: str, name: str) -> str:
+        return str((self.get(ns, kind, name)["metadata"].get("labels") or {}).get(keys.STATE_LABEL))
+
+    def wait_state(self, ns: str, kind: str, name: str, want: str, timeout: float = 120) -> JSON:
+        wait(lambda: self.state(ns, kind, name) == want, timeout, f"{kind} {ns}/{name} to be {want}", interval=0.5)
+        return self.get(ns, kind, name)
