@@ -123,6 +123,59 @@ CONFIG = {"defaults": {"mode": "provisioning", "provisioning": {"className": key
           "namespaces": {GANG_NAMESPACE: {"provisioning": {"className": keys.CHECK_CAPACITY_CLASS}}}}
 
 
+# Where a gang round's time goes, from watch events: (label, from, to); "provisioned" is the bench's own poll.
+GANG_PHASES = (("Provisioned -> unsuspended", "provisioned", "unsuspended"),
+               ("unsuspended -> first worker created", "unsuspended", "first_created"),
+               ("first -> last worker created (KubeRay)", "first_created", "last_created"),
+               ("last created -> last released (raygate)", "last_created", "last_released"),
+               ("last released -> last bound (kube-scheduler)", "last_released", "last_bound"))
+
+
+class GangWatch:
+    """First-seen moments of one namespace's RayClusters and workers, from watches (no poll interval in them)."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        from raygate.core.api import PODS
+        from raygate.kube.informer import Informer
+
+        self.unsuspended: dict[str, float] = {}
+        self.pods: dict[str, dict[str, dict[str, float]]] = {}  # cluster -> pod -> created / released / bound
+        self.informers = [Informer(kube, RAYCLUSTERS, namespace=namespace, handler=self._cluster),
+                          Informer(kube, PODS, namespace=namespace, handler=self._pod)]
+        for informer in self.informers:
+            informer.start()
+        for informer in self.informers:
+            informer.wait_synced(60)
+
+    def _cluster(self, kind: str, obj: JSON) -> None:
+        if kind != "DELETED" and (obj.get("spec") or {}).get("suspend") is not True:
+            self.unsuspended.setdefault(obj["metadata"]["name"], time.monotonic())
+
+    def _pod(self, kind: str, obj: JSON) -> None:
+        labels = obj["metadata"].get("labels") or {}
+        if kind == "DELETED" or labels.get(keys.RAY_GROUP_LABEL) != "gpu":
+            return
+        now = time.monotonic()
+        seen = self.pods.setdefault(labels.get(keys.RAY_CLUSTER_LABEL, ""), {}).setdefault(obj["metadata"]["name"], {})
+        seen.setdefault("created", now)
+        if not any(g.get("name") == keys.CAPACITY_GATE for g in obj["spec"].get("schedulingGates") or []):
+            seen.setdefault("released", now)
+        if obj["spec"].get("nodeName"):
+            seen.setdefault("bound", now)
+
+    def phases(self, cluster: str, provisioned: float) -> dict[str, float]:
+        """Seconds of each GANG_PHASES step of one round."""
+        pods = self.pods.get(cluster, {}).values()
+        at = {"provisioned": provisioned, "unsuspended": self.unsuspended.get(cluster, float("nan")),
+              "first_created": min(p["created"] for p in pods), "last_created": max(p["created"] for p in pods),
+              "last_released": max(p["released"] for p in pods), "last_bound": max(p["bound"] for p in pods)}
+        return {label: round(at[b] - at[a], 3) for label, a, b in GANG_PHASES}
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+
+
 def on_capacity(timeout: float) -> dict[str, Any]:
     import yaml
 
@@ -169,6 +222,8 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
             == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
         rounds: dict[str, list[float]] = {"gated": [], "ungated": []}
+        phases: dict[str, list[dict[str, float]]] = {"gated": [], "ungated": []}
+        watch = GangWatch(kube, GANG_NAMESPACE)
         for i in range(ROUNDS * 2):
             gated = i % 2 == 0
             _pod_rules(cp, gated)
@@ -180,11 +235,18 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             done = until(lambda n=name: bound_workers(kube, n, GANG_NAMESPACE) == GANG, timeout,
                          f"every worker of {name} bound", 0.1)
             rounds[side].append(round(done - provisioned, 2))
+            until(lambda n=name: sum("bound" in p for p in watch.pods.get(n, {}).values()) >= GANG, timeout,
+                  f"the watch to see every worker of {name} bound", 0.05)
+            phases[side].append(watch.phases(name, provisioned))
             print(f"bench: {name}: Provisioned -> {GANG} workers bound {done - provisioned:.1f}s", flush=True)
             kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
             until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
+        watch.stop()
         for side, seconds in rounds.items():
-            out[f"gang-{side}"] = {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds)}
+            out[f"gang-{side}"] = {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
+                                   "phases_s": {label: statistics.median(r[label] for r in phases[side])
+                                                for label, _, _ in GANG_PHASES},
+                                   "phases_by_round_s": phases[side]}
     return out
 
 
@@ -215,6 +277,9 @@ def main(args: argparse.Namespace) -> int:
          cap["scale_up"]["patched_to_bound_s"]],
         [f"scale-up of {SCALE_UP} workers, pods created -> all bound", "", cap["scale_up"]["created_to_bound_s"]],
     ], f"On real capacity ({cap['layout']})"))
+    print(common.table(["", "with the pod gate", "without it"], [
+        [label, cap["gang-gated"]["phases_s"][label], cap["gang-ungated"]["phases_s"][label]]
+        for label, _, _ in GANG_PHASES], f"Where a {GANG}-pod gang's time goes (seconds, median of the rounds)"))
     print()
     print(common.targets_table(targets))
     print(common.report_footer(report, common.write_report("podgate", report, targets, t0)))

@@ -269,11 +269,13 @@ def test_a_plain_gpu_pod_that_takes_part_of_the_booked_room_never_leaves_the_gan
     mode the gang then binds none (and whole once the GPU is free again); in provisioning mode, the contrast,
     it binds three of four."""
     ns, pool, nodename = NS[case], f"gpu-{case}-{SUFFIX}", f"{case}-{SUFFIX}"
-    stack.add_node(nodename, pool, gpus=4)
+    # The pool's node comes once the gang is held (the autoscaler finds no room until then), so the reconciler
+    # is stopped before the request can be Provisioned: it could admit within milliseconds of that.
     stack.create(gpu_cluster(ns, "gang", 4, pool))
     wait(lambda: stack.state(ns, keys.RAYCLUSTER_KIND, "gang") == "Provisioning", 60, "the gang held, booking")
     stack.cluster.stop_process("raygate-reconciler")
     try:
+        stack.add_node(nodename, pool, gpus=4)
         request = stack.get(ns, keys.RAYCLUSTER_KIND, "gang")["metadata"]["annotations"][keys.REQUEST_ANNOTATION]
         wait(lambda: (conditions(stack.kube.get(PR, request, ns)).get("Provisioned") or {}).get("status") == "True",
              60, f"{request} Provisioned: the autoscaler found the room")

@@ -30,7 +30,7 @@ def test_a_kueue_request_is_the_job_of_its_workload_in_either_order(workload_fir
     for handler, obj in events if workload_first else reversed(events):
         handler("ADDED", obj)
     assert t.request_of == {"job-1": "rayjob-job-1-x-check-1"}
-    assert set(t.request_seen) == {"job-1"} and not t.waiting
+    assert set(t.request_seen) == {"job-1"} and not t.owners.early
 
 
 def test_the_first_request_of_a_job_is_the_one_timed() -> None:
