@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -371,6 +371,24 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             print(f"bench: kept {workdir} (RAYGATE_BENCH_KEEP)")
+
+
+def start_raygate(cp: Any, config: Mapping[str, Any], namespaces: Sequence[str]) -> None:
+    """raygate's webhook (2 workers) and reconciler on the control plane `cp`, with `config` as raygate-config,
+    and `namespaces` created and opted in."""
+    import yaml
+
+    from raygate.core import keys
+    from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
+
+    ensure_system_namespace(cp)
+    cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+               f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(dict(config))}")
+    start_webhook(cp, workers=2)
+    start_reconciler(cp)
+    for ns in namespaces:
+        cp.kubectl("create", "namespace", ns)
+        cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
 
 
 # --- waiting on a Ray cluster -----------------------------------------------------------------------------------

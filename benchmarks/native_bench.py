@@ -18,8 +18,6 @@ import statistics
 import time
 from typing import Any
 
-import yaml
-
 from benchmarks import common
 from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, request_provisioned, until
 from benchmarks.podgate_bench import raycluster
@@ -55,7 +53,6 @@ def _one(kube: Kube, mode: str, name: str, timeout: float) -> float:
 
 def on_capacity(rounds: int, timeout: float) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, node, start_capacity
-    from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
 
     layout = Layout(cpu_nodes=2, cpu_node_cpu=32, gpu_nodes_max=0)
     out: dict[str, Any] = {"layout": f"{layout.describe()}; {GANG // layout.gpus_per_node} static GPU nodes"}
@@ -64,14 +61,7 @@ def on_capacity(rounds: int, timeout: float) -> dict[str, Any]:
         if state is None:
             raise BenchError("the control plane lost its state file")
         start_capacity(cp, state, layout)
-        ensure_system_namespace(cp)
-        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-                   f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
-        start_webhook(cp, workers=2)
-        start_reconciler(cp)
-        for ns in NAMESPACE.values():
-            cp.kubectl("create", "namespace", ns)
-            cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        common.start_raygate(cp, CONFIG, list(NAMESPACE.values()))
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
         for i in range(GANG // layout.gpus_per_node):
             cp.kubectl("apply", "-f", "-", input_text=json.dumps(

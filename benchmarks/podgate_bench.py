@@ -177,10 +177,7 @@ class GangWatch:
 
 
 def on_capacity(timeout: float) -> dict[str, Any]:
-    import yaml
-
     from raygate.devenv.capacity import Layout, node, start_capacity
-    from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
     out: dict[str, Any] = {"layout": layout.describe()}
@@ -188,14 +185,7 @@ def on_capacity(timeout: float) -> dict[str, Any]:
         state = cp.load_state()
         assert state is not None
         start_capacity(cp, state, layout)
-        ensure_system_namespace(cp)
-        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-                   f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
-        start_webhook(cp, workers=2)
-        start_reconciler(cp)
-        for ns in (NAMESPACE, GANG_NAMESPACE):
-            cp.kubectl("create", "namespace", ns)
-            cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE))
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
         # (3) a scale-up on the real autoscaler: its GPU node group starts at zero.
         kube.create(RAYCLUSTERS, raycluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)

@@ -6,13 +6,12 @@ The scheduler's side (what kube-scheduler does with the objects) is in tests/int
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any
 
 import jsonpatch
 import pytest
 from builders import RayJob, config, request
-from plans import kinds
+from plans import applied, kinds
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
@@ -23,7 +22,7 @@ from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, pa
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import decision, gating
-from raygate.reconciler.decision import Create, Observed, PatchChild, PatchJob, Plan
+from raygate.reconciler.decision import Create, Observed, PatchChild
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -50,14 +49,6 @@ def job(state: str = "Pending", *, workers: int = 4, cpu_workers: int = 0, suspe
 
 def policy(**override: Any) -> NamespacePolicy:
     return merge_override(NamespacePolicy(), {"mode": "native", **override})
-
-
-def applied(w: Workload, plan: Plan) -> dict[str, Any]:
-    obj = json.loads(json.dumps(w.obj))
-    for a in plan.actions:
-        if isinstance(a, PatchJob):
-            obj = jsonpatch.apply_patch(obj, list(a.ops))
-    return dict(obj)
 
 
 def made(w: Workload, **meta: Any) -> tuple[dict[str, Any], ...]:

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 from builders import RayJob
-from plans import kinds
+from plans import applied, kinds
 
 from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
@@ -73,15 +73,6 @@ def provisioning(attempt: int = 1, **extra: str) -> Workload:
     w = job()
     return job("Provisioning", annotations={keys.ATTEMPT_ANNOTATION: str(attempt),
                                             keys.REQUEST_ANNOTATION: rname(w, attempt), **extra})
-
-
-def applied(w: Workload, plan: Plan) -> dict[str, Any]:
-    """The job after the plan's patches, applied as the API server would."""
-    obj = json.loads(json.dumps(w.obj))
-    for a in plan.actions:
-        if isinstance(a, PatchJob):
-            obj = jsonpatch.apply_patch(obj, list(a.ops))
-    return dict(obj)
 
 
 def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
