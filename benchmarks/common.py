@@ -373,6 +373,22 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
             print(f"bench: kept {workdir} (RAYGATE_BENCH_KEEP)")
 
 
+def add_static_gpu_nodes(cp: Any, kube: Any, group: str, count: int, gpus: int, timeout: float) -> None:
+    """`count` KWOK GPU nodes of `gpus` GPUs each, named and labelled `group` (no autoscaler manages them), once
+    every one is Ready."""
+    from raygate.core.api import NODES
+    from raygate.devenv.capacity import node
+
+    for i in range(count):
+        cp.kubectl("apply", "-f", "-", input_text=json.dumps(node(f"{group}-{i}", group, 16, 128, gpus=gpus)))
+
+    def ready() -> int:
+        return sum(1 for n in kube.list(NODES)["items"] if n["metadata"]["name"].startswith(f"{group}-") and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
+
+    until(lambda: ready() == count, timeout, f"the {count} {group} GPU nodes Ready", 0.5)
+
+
 def start_raygate(cp: Any, config: Mapping[str, Any], namespaces: Sequence[str]) -> None:
     """raygate's webhook (2 workers) and reconciler on the control plane `cp`, with `config` as raygate-config,
     and `namespaces` created and opted in."""

@@ -13,7 +13,6 @@ to the 32nd worker bound. Rounds alternate which mode goes first. Target: native
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Any
@@ -22,7 +21,7 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, request_provisioned, until
 from benchmarks.podgate_bench import raycluster
 from raygate.core import keys
-from raygate.core.api import NODES, RAYCLUSTERS, gang_pod_groups
+from raygate.core.api import RAYCLUSTERS, gang_pod_groups
 from raygate.kube.client import Kube
 
 GANG = 32
@@ -52,7 +51,7 @@ def _one(kube: Kube, mode: str, name: str, timeout: float) -> float:
 
 
 def on_capacity(rounds: int, timeout: float) -> dict[str, Any]:
-    from raygate.devenv.capacity import Layout, node, start_capacity
+    from raygate.devenv.capacity import Layout, start_capacity
 
     layout = Layout(cpu_nodes=2, cpu_node_cpu=32, gpu_nodes_max=0)
     out: dict[str, Any] = {"layout": f"{layout.describe()}; {GANG // layout.gpus_per_node} static GPU nodes"}
@@ -63,12 +62,7 @@ def on_capacity(rounds: int, timeout: float) -> dict[str, Any]:
         start_capacity(cp, state, layout)
         common.start_raygate(cp, CONFIG, list(NAMESPACE.values()))
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
-        for i in range(GANG // layout.gpus_per_node):
-            cp.kubectl("apply", "-f", "-", input_text=json.dumps(
-                node(f"{STATIC_GROUP}-{i}", STATIC_GROUP, 16, 128, gpus=layout.gpus_per_node)))
-        until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
-            == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
+        common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node, timeout)
         seconds: dict[str, list[float]] = {m: [] for m in MODES}
         for r in range(rounds):
             for mode in (MODES if r % 2 == 0 else tuple(reversed(MODES))):

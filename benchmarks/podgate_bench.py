@@ -28,7 +28,7 @@ from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, re
 from benchmarks.samples import admission_review
 from benchmarks.webhook_bench import drive
 from raygate.core import keys
-from raygate.core.api import NODES, RAYCLUSTERS
+from raygate.core.api import RAYCLUSTERS
 from raygate.core.objects import JSON
 from raygate.kube.client import Kube
 
@@ -177,7 +177,7 @@ class GangWatch:
 
 
 def on_capacity(timeout: float) -> dict[str, Any]:
-    from raygate.devenv.capacity import Layout, node, start_capacity
+    from raygate.devenv.capacity import Layout, start_capacity
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
     out: dict[str, Any] = {"layout": layout.describe()}
@@ -205,12 +205,7 @@ def on_capacity(timeout: float) -> dict[str, Any]:
               f"pods created -> bound {bound - first:.1f}s", flush=True)
         kube.delete(RAYCLUSTERS, "elastic", NAMESPACE)
         # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
-        for i in range(GANG // layout.gpus_per_node):
-            cp.kubectl("apply", "-f", "-", input_text=json.dumps(
-                node(f"{STATIC_GROUP}-{i}", STATIC_GROUP, 16, 128, gpus=layout.gpus_per_node)))
-        until(lambda: sum(1 for n in kube.list(NODES)["items"] if STATIC_GROUP in n["metadata"]["name"] and any(
-            c["type"] == "Ready" and c["status"] == "True" for c in (n.get("status") or {}).get("conditions") or []))
-            == GANG // layout.gpus_per_node, timeout, "the static GPU nodes Ready", 0.5)
+        common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node, timeout)
         rounds: dict[str, list[float]] = {"gated": [], "ungated": []}
         phases: dict[str, list[dict[str, float]]] = {"gated": [], "ungated": []}
         watch = GangWatch(kube, GANG_NAMESPACE)
