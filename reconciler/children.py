@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from raygate.core import keys, podgate
+from raygate.core import identity, keys, podgate
 from raygate.core import quantity as q
 from raygate.core.keys import ChildKind
 from raygate.core.objects import JSON, controller_ref, get, meta_str
@@ -84,12 +84,18 @@ def event_name(w: Workload, reason: str, detail: str = "") -> str:
     return f"{_dns(w.name, 200)}.{short_hash(w.kind, w.name, reason, detail, length=10)}"
 
 
+def owner_of(obj: Mapping[str, Any]) -> identity.RayOwner | None:
+    """The job a child was made for: its controller reference, or raygate's record of it once the garbage
+    collector has stripped that (`kubectl delete --cascade=orphan`): an orphaned child is still raygate's
+    to delete, when no pod consumes its booking any more."""
+    ref = identity.ray_ref(controller_ref(obj))
+    return ref if ref is not None else identity.RayOwner.parse(identity.recorded(obj))
+
+
 def controller_key(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(kind, namespace, name) of a RayJob or RayCluster controlling `obj`."""
-    ref = controller_ref(obj)
-    if ref is None or ref.get("kind") not in (keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND):
-        return None
-    return str(ref["kind"]), meta_str(obj, "namespace"), str(ref.get("name", ""))
+    """(kind, namespace, name) of the RayJob or RayCluster a child was made for."""
+    owner = owner_of(obj)
+    return (owner.kind, meta_str(obj, "namespace"), owner.name) if owner is not None else None
 
 
 # --- PodTemplates and the ProvisioningRequest --------------------------------------------------

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import orjson
 
-from raygate.core import dra, keys, logs, podgate
+from raygate.core import dra, identity, keys, logs, podgate
 from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.conditions import conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules
-from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
+from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata, string_map, with_kind
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
 from raygate.kube import discovery, events
@@ -155,7 +155,7 @@ class Controller:
                          for kind, res in self.child_resources.items()}
         # Pods: which bookings they consume (a request goes only when its pods have), and the gated ones to
         # release against bookings (reconciler/pods.py).
-        self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of_cluster=self._cluster_owner,
+        self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of=self._owner_of,
                              on_change=self.queue.add, on_unowned=lambda pod: self.queue.add((POD, *pod)),
                              on_consumers=self._consumers_changed)
         # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).
@@ -215,23 +215,33 @@ class Controller:
                     yield o
 
     def kuberay_child(self, obj: JSON) -> bool:
-        """KubeRay's cluster of a RayJob raygate admitted: it carries the job's labels (state Admitted
-        included) and a controller reference to the job, whose uid must match the job we hold. A
-        RayCluster that only claims a RayJob parent was held by the webhook like any other, and its
-        state label is raygate's own, so it is reconciled as a job of its own."""
-        w = Workload(obj)
-        parent = w.rayjob_parent()
-        if parent is None or w.labels.get(keys.STATE_LABEL) != keys.State.ADMITTED:
-            return False
-        job = self.jobs[keys.RAYJOB_KIND].get(w.namespace, parent[0])
-        return job is not None and meta_str(job, "uid") == parent[1]
+        """KubeRay's cluster of a RayJob raygate admitted: its parent is the one the webhook recorded when
+        KubeRay's operator created it, and that RayJob (same uid) is one we hold. A RayCluster that only claims
+        a RayJob parent (an ownerReference, labels: anyone may write those) was held by the webhook like any
+        other, so it is reconciled, and booked, as a job of its own."""
+        parent = self._parent(obj)
+        job = self.jobs[keys.RAYJOB_KIND].get(meta_str(obj, "namespace"), parent[0]) if parent else None
+        return job is not None and parent is not None and meta_str(job, "uid") == parent[1] and (
+            identity.recorded_parent(obj) is not None or _legacy_child_of(obj, job))
+
+    @staticmethod
+    def _parent(obj: JSON) -> tuple[str, str] | None:
+        """(name, uid) of the RayJob a RayCluster was made for: raygate's record, or for a cluster made before
+        raygate recorded parents, the one its owner reference names (checked by kuberay_child)."""
+        recorded = identity.recorded_parent(obj)
+        if recorded is not None:
+            return recorded.name, recorded.uid
+        return Workload(obj).rayjob_parent() if keys.PARENT_ANNOTATION not in string_map(
+            metadata(obj).get("annotations")) else None
 
     # --- event handlers (informer threads) ---------------------------------------------------------
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
             namespace, name = meta_str(obj, "namespace"), meta_str(obj, "name")
             self.queue.add((kind, namespace, name))
-            parent = Workload(obj).rayjob_parent() if kind == keys.RAYCLUSTER_KIND else None
+            for pod in self.pods.arrived(kind, namespace, name):
+                self.queue.add((POD, *pod))  # its gated pods, recorded as its, can be placed now
+            parent = self._parent(obj) if kind == keys.RAYCLUSTER_KIND else None
             if parent is not None:
                 # A scale-up of a RayJob's cluster is the RayJob's to book: it reads the cluster's spec.
                 with self._lock:
@@ -276,16 +286,18 @@ class Controller:
         if owner is not None:
             self.queue.add(owner)
 
-    def _cluster_owner(self, namespace: str, name: str, uid: str) -> JobKey | None:
-        """Whose booking the pods of a RayCluster use: the RayJob's for KubeRay's cluster of a RayJob, the
-        cluster's own for one raygate holds, none for one it does not."""
-        cluster = self.jobs[keys.RAYCLUSTER_KIND].get(namespace, name)
-        if cluster is None or meta_str(cluster, "uid") != uid:
+    def _owner_of(self, kind: str, namespace: str, name: str, uid: str) -> JobKey | None:
+        """Whose booking the pods of a Ray object use: the RayJob's for KubeRay's cluster of a RayJob, the
+        object's own for one raygate holds; none for one that is gone (another uid) or that raygate does not hold."""
+        if kind not in self.jobs:
             return None
-        parent = Workload(cluster).rayjob_parent()
-        if parent is not None and self.kuberay_child(cluster):
+        found = self.jobs[kind].get(namespace, name)
+        if found is None or meta_str(found, "uid") != uid:
+            return None
+        parent = self._parent(found) if kind == keys.RAYCLUSTER_KIND else None
+        if parent is not None and self.kuberay_child(found):
             return keys.RAYJOB_KIND, namespace, parent[0]
-        return keys.RAYCLUSTER_KIND, namespace, name
+        return kind, namespace, name
 
     def _request_owner(self, namespace: str, request: str) -> JobKey | None:
         informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
@@ -349,21 +361,21 @@ class Controller:
         if key[0] == keys.RAYCLUSTER_KIND and self.kuberay_child(obj):
             return  # KubeRay's cluster of an admitted RayJob carries its labels; the RayJob is what we hold
         uid = meta_str(obj, "uid")
-        mine = {k: [c for c in v if controller_uid(c) == uid] for k, v in kids.items()}
-        strays = {k: [c for c in v if controller_uid(c) != uid] for k, v in kids.items()}
+        mine = {k: [c for c in v if _made_for(c) == uid] for k, v in kids.items()}
+        strays = {k: [c for c in v if _made_for(c) != uid] for k, v in kids.items()}
         self._delete_orphans(strays)  # children of an earlier job of the same name
         self._reconcile_job(key, obj, mine, retry_conflict=True)
 
     def _reconcile_pod(self, namespace: str, name: str) -> None:
-        """A gated pod the caches could not place: find its owner through its batch Job, or lift the gate of a
-        pod no Ray object owns (not raygate's to hold). A Ray object raygate does not hold has no booking:
-        its pods stay gated."""
+        """A gated pod the caches could not place. Recorded as no Ray object's: its gate is lifted (not raygate's
+        to hold). Recorded as a Ray object's: placed once that object is in the caches; while it is gone, or is not
+        one raygate holds, the pod stays gated and says why. A pod without a record (made before raygate recorded
+        them) is read from its owners, through its batch Job, as it always was."""
         pod = self.pods.get((namespace, name))
         if pod is None or not podgate.gated(pod):
             return
-        job_name = self.pods.job_name(pod)
         job = None
-        if job_name:
+        if job_name := self.pods.legacy_job(pod):
             try:
                 job = self.kube.get(JOBS, job_name, namespace)
             except ApiError as err:
@@ -373,9 +385,36 @@ class Controller:
         if owner is not None:
             self.pods.assign((namespace, name), owner)
             self.queue.add(owner)
-        elif not self.pods.ray_owned(pod, job):
+            return
+        record = identity.recorded(pod)
+        ray = identity.RayOwner.parse(record) if record is not None else identity.ray_ref(
+            controller_ref(job) if job is not None else controller_ref(pod))
+        if ray is None:
             self._release(namespace, decision.ReleasePod(name, tuple(podgate.release_ops(pod, None, None))))
             log.info("pod of no Ray object released", extra={"namespace": namespace, "object": name})
+            return
+        self._say_why_gated(with_kind(dict(pod), "Pod", "v1"), ray)
+
+    def _say_why_gated(self, pod: JSON, ray: identity.RayOwner) -> None:
+        """An Event on a gated pod whose Ray object cannot book it: gone, or never held by raygate. (One that is
+        raygate's and only not in the caches yet is placed when it arrives: PodIndex.arrived.)"""
+        try:
+            found: JSON | None = self.kube.get(JOB_KINDS[ray.kind], ray.name, meta_str(pod, "namespace"))
+        except ApiError as err:
+            if not err.not_found:
+                raise
+            found = None
+        ref = f"{ray.kind} {ray.name}"
+        if found is None or meta_str(found, "uid") != ray.uid:
+            why = (f"{ref}, which made this pod, is gone (deleted, perhaps with --cascade=orphan): no booking can "
+                   "cover this pod, so it stays gated and holds no GPU. Delete it; a new Ray object books its own")
+        elif keys.STATE_LABEL not in string_map(metadata(found).get("labels")):
+            why = (f"{ref} was not held by raygate (it was created before its namespace opted in), so nothing is "
+                   "booked for its GPU pods: this pod stays gated. Delete and re-create it to have its gang booked")
+        else:
+            return
+        self.events.send(pod, decision.Emit("RayObjectCannotBook", why, warning=True,
+                                            name=f"{meta_str(pod, 'name')}.{children.short_hash(ray.render())}"))
 
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
@@ -572,6 +611,21 @@ def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decisi
         yield run
     else:
         yield from run
+
+
+def _made_for(child: JSON) -> str | None:
+    """The uid of the job a child was made for."""
+    owner = children.owner_of(child)
+    return owner.uid if owner is not None else None
+
+
+def _legacy_child_of(cluster: JSON, job: JSON) -> bool:
+    """A RayJob's cluster made before raygate recorded parents: it carries the admitted job's labels and its
+    current request, which the webhook strips from any RayCluster a user creates."""
+    def request(o: JSON) -> str | None:
+        return string_map(metadata(o).get("annotations")).get(keys.REQUEST_ANNOTATION)
+    return Workload(cluster).labels.get(keys.STATE_LABEL) == keys.State.ADMITTED and request(cluster) is not None \
+        and request(cluster) == request(job)
 
 
 def _typed(obj: JSON, kind: str) -> JSON:

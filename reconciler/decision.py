@@ -603,6 +603,7 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
                     desired={key: count for key, (count, _, _) in desired.items()},
                     room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods,
+                    most_pending=policy.limits.max_pending_scale_ups,
                     made=made if rules is not None else None, closing=closing)
     if rules is not None:
         plan.actions += _increments(w, obs, rules, g, made)
@@ -614,6 +615,7 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     plan.actions += [ReleasePod(p.name, tuple(podgate.release_ops(p.obj, r, classes[r]))) for p, r in g.release]
     existing = sorted(classes)
     have = obs.template_names()
+    named: set[str] = set()  # the templates of the requests this plan creates
     for (pod_set, digest), count, pod in g.create:
         if version is None:
             g.refused.append(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP})")
@@ -624,13 +626,17 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
         else:
             _, spec_template, managed = desired[(pod_set, digest)]
             template = children.scale_up_template(w, pod_set, digest, spec_template, managed)
+        named.add(_name(template))
         if _name(template) not in have:
             plan.actions.append(Create(ChildKind.POD_TEMPLATE, template))
         request = children.scale_up_request(w, pod_set, _name(template), count, existing, policy, version)
         if _name(request) not in classes:
             plan.actions.append(Create(ChildKind.PROVISIONING_REQUEST, request))
-    plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in g.delete
-                     if not obs.consumers.get(name)]
+    deleted = {name for name in g.delete if not obs.consumers.get(name)}
+    plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in sorted(deleted)]
+    # A PodTemplate goes with the last request that names it: none is left for requests replaced or deleted.
+    named |= {t for r in every if _name(r) not in deleted for t in _template_refs(r)}
+    plan.actions += [Delete(ChildKind.POD_TEMPLATE, name) for name in sorted(have - named)]
     _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
 
 

@@ -46,6 +46,7 @@ class Pod:
     digest: str = ""  # gated pods: match_digest of the pod
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # gated pods: the pod, to template it
     group: str | None = None  # the PodGroup it names (spec.schedulingGroup.podGroupName)
+    unreadable: str | None = None  # gated pods raygate cannot read the requests of: why (never released or booked)
 
 
 @dataclass
@@ -116,16 +117,17 @@ def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> d
 
 
 def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON], templates: Sequence[JSON],
-         *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int,
+         *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int, most_pending: int = 1 << 30,
          made: frozenset[str] | None = None, closing: frozenset[str] = frozenset()) -> GatePlan:
     """Release what the bookings cover, book what they do not.
 
     `desired`: per (pod set, digest), the pods the object's spec runs now (KubeRay creates them one by one:
     a scale-up is booked for the whole increment the spec asks for, not pod by pod); `room`: pods the
     object may still have booked (limits.maxPods less every request's pods); `most_per_request`:
-    limits.maxRequestPods. `made`: the groups that exist (None: pods name none raygate makes); `closing`:
-    groups being deleted. A pod naming a group not made is released only with every gated pod naming it; a
-    pod naming a closing group is not released (its slot stays its own)."""
+    limits.maxRequestPods; `most_pending`: limits.maxPendingScaleUps, the scale-up requests of the object
+    that may wait for the autoscaler at once. `made`: the groups that exist (None: pods name none raygate
+    makes); `closing`: groups being deleted. A pod naming a group not made is released only with every gated
+    pod naming it; a pod naming a closing group is not released (its slot stays its own)."""
     out = GatePlan()
     desired = desired or {}
     free = slots([*requests, *scale_ups], templates)
@@ -138,7 +140,12 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
     for s in free:
         released[(s.pod_set, s.digest)] += s.used
     uncovered: dict[Key, list[Pod]] = defaultdict(list)
+    unreadable: dict[str, int] = defaultdict(int)  # pod set -> gated pods whose requests cannot be read
     for p in sorted((p for p in pods if p.gated and p.runs), key=lambda p: (p.created, p.name)):
+        if p.unreadable is not None:
+            unreadable[p.pod_set] += 1
+            out.refused.append(f"pod {p.name} stays gated: raygate cannot read what it asks for ({p.unreadable})")
+            continue
         s = next((s for s in free if s.pod_set == p.pod_set and s.digest == p.digest and s.free > 0), None)
         if s is None:
             uncovered[(p.pod_set, p.digest)].append(p)
@@ -148,36 +155,61 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
         out.release.append((p, s.request))
     if made is not None:
         _whole_groups(out, uncovered, made, closing)
+    want = _wanted(desired, released, uncovered, unreadable)
     pending = pending_scale_ups(scale_ups, templates)
     scale_up_names = {meta_str(r, "name") for r in scale_ups}
+    asking = sum(len(v) for v in pending.values())
     keys_ = set(uncovered) | set(pending) | set(desired) | {(s.pod_set, s.digest) for s in free}
     for key in sorted(keys_):
         waiting = uncovered.get(key, [])
         booked = sum(s.count for s in free if (s.pod_set, s.digest) == key)
-        # What must be booked: the pods the spec runs, or the pods there are, whichever is more.
-        want = max(desired.get(key, 0), released[key] + len(waiting))
         asked = list(pending.get(key, []))
         # Fewer pods than asked for (scaled down, or the pods went): drop the newest requests beyond the need.
-        while asked and booked + sum(n for _, n in asked) > want:
+        while asked and booked + sum(n for _, n in asked) > want.get(key, 0):
             out.delete.append(asked.pop()[0])
-        missing = want - booked - sum(n for _, n in asked)
+            asking -= 1
+        missing = want.get(key, 0) - booked - sum(n for _, n in asked)
         if missing > 0:
             ask = min(missing, most_per_request, room)
             if ask < missing:
                 out.refused.append(f"{missing} pod{'s' if missing != 1 else ''} of pod set {key[0]} need a booking, "
                                    f"but limits.maxPods and limits.maxRequestPods leave room for {max(ask, 0)}")
-            if ask > 0:
+            if ask > 0 and asking >= most_pending:
+                out.refused.append(f"{missing} pod{'s' if missing != 1 else ''} of pod set {key[0]} wait for a "
+                                   f"scale-up request until one of the {asking} this object has out is answered "
+                                   "(limits.maxPendingScaleUps)")
+            elif ask > 0:
                 out.create.append((key, ask, waiting[-1] if waiting else None))
                 room -= ask
+                asking += 1
         if waiting:
             out.waiting[key] = out.waiting.get(key, 0) + len(waiting)
         # A Provisioned scale-up that covers no pod and no pod the spec still asks for has done its work.
         for s in (s for s in free if (s.pod_set, s.digest) == key and s.request in scale_up_names and s.used == 0):
-            if booked - s.count >= want and s.request not in out.delete:
+            if booked - s.count >= want.get(key, 0) and s.request not in out.delete:
                 out.delete.append(s.request)
                 booked -= s.count
     # A scale-up that failed is replaced (above, as if it were not there) and goes.
     out.delete += [meta_str(r, "name") for r in scale_ups if finished(r) and not provisioned(r)]
+    return out
+
+
+def _wanted(desired: Mapping[Key, int], released: Mapping[Key, int], uncovered: Mapping[Key, list[Pod]],
+            unreadable: Mapping[str, int]) -> dict[Key, int]:
+    """Per (pod set, digest), the pods that need a booking: those there are, and those the spec has still to
+    make. KubeRay keeps a pod made from an older template when the template changes, so the pods still to come
+    are what the spec asks of a pod set beyond every pod of that set there is, whatever its placement, and they
+    come with the spec's placement: an edit of where pods go books nothing for pods that exist already."""
+    have = {k: released.get(k, 0) + len(uncovered.get(k, ())) for k in {*released, *uncovered}}
+    out = {k: n for k, n in have.items() if n}
+    for pod_set in sorted({k[0] for k in desired}):
+        there = sum(n for k, n in have.items() if k[0] == pod_set) + unreadable.get(pod_set, 0)
+        to_come = sum(n for k, n in desired.items() if k[0] == pod_set) - there
+        for key in sorted(k for k in desired if k[0] == pod_set):
+            extra = min(max(desired[key] - have.get(key, 0), 0), max(to_come, 0))
+            if extra:
+                out[key] = out.get(key, 0) + extra
+                to_come -= extra
     return out
 
 
@@ -197,16 +229,17 @@ def _whole_groups(out: GatePlan, uncovered: Mapping[Key, list[Pod]], made: froze
     out.release = kept
 
 
-def pod_of(pod: Mapping[str, Any], digest: str) -> Pod:
+def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | None = None) -> Pod:
     annotations = get(pod, ("metadata", "annotations")) or {}
     consumes = annotations.get(keys.CONSUME_ANNOTATION) if isinstance(annotations, Mapping) else None
     is_gated = podgate.gated(pod)
     return Pod(name=meta_str(pod, "name"), created=meta_str(pod, "creationTimestamp"),
-               pod_set=podgate.pod_set_of(pod), gated=is_gated,
+               pod_set=pod_set, gated=is_gated,
                runs=get(pod, ("status", "phase")) not in TERMINAL_POD_PHASES,
                consumes=consumes if isinstance(consumes, str) and consumes else None,
                digest=digest, obj=dict(pod) if is_gated else {},
-               group=group if isinstance(group := get(pod, keys.POD_GROUP_NAME_PATH), str) and group else None)
+               group=group if isinstance(group := get(pod, keys.POD_GROUP_NAME_PATH), str) and group else None,
+               unreadable=unreadable if is_gated else None)
 
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})

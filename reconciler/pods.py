@@ -1,11 +1,16 @@
 """The pods the reconciler follows: whose booking each belongs to, which still run, which are gated.
 
-Two watches: KubeRay's head and worker pods (label ray.io/node-type, which a template cannot
-override), and every other pod the webhook gated (label raygate.io/pod-gate: the submitter pods of
-KubeRay's batch Jobs, and whatever else asked for a managed resource). Whose a pod is, is read from
-its owners as the API server records them: a RayCluster raygate holds (or KubeRay's cluster of a
-RayJob, which is the RayJob's), or one of KubeRay's batch Jobs, which belongs to the Ray object that
-controls it. A gated pod that belongs to no Ray object is not raygate's to hold: its gate is lifted.
+Two watches that no pod can move between: every pod the webhook gated (label raygate.io/pod-gate, set at
+creation and raygate's alone: gated GPU pods of Ray objects, submitter pods of KubeRay's batch Jobs,
+and whatever else asked for a managed resource), and KubeRay's other head and worker pods (label
+ray.io/node-type without raygate.io/pod-gate), whose gang group native mode counts.
+
+Whose a pod is, is the record the webhook wrote when the pod was created (raygate.core.identity): the Ray
+object that made it, never re-read from owner references or labels that the garbage collector or a user
+may change later. A RayCluster's pods use its own booking, or its RayJob's when it is KubeRay's cluster of
+a RayJob. A pod recorded as no Ray object's is not raygate's to hold: its gate is lifted. A pod whose Ray
+object is gone, or is not one raygate holds, stays gated: its owner is gone, not its identity. Pods from
+before raygate recorded identities (no record) are read from their owner references, as they always were.
 
 The index is kept from watch events; released pods the watch has not shown yet are noted so that a
 decision right after a release counts them (the same lag note the controller keeps for its jobs).
@@ -18,10 +23,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from raygate.core import keys, podgate
+from raygate.core import identity, keys, podgate
 from raygate.core.api import PODS, Resource
 from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata
 from raygate.core.policy import NamespacePolicy
+from raygate.core.workload import ManifestError
 from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 from raygate.reconciler import gating
@@ -29,22 +35,22 @@ from raygate.reconciler import gating
 JobKey = tuple[str, str, str]  # (kind, namespace, name) of a RayJob or RayCluster
 PodKey = tuple[str, str]  # (namespace, name)
 JOBS = Resource("batch", "v1", "jobs", "Job")
-KUBERAY_JOBS = "=".join(keys.KUBERAY_CREATED_BY)
-OTHER_GATED = f"{keys.POD_GATE_LABEL},!{keys.RAY_NODE_TYPE_LABEL}"
+SELECTORS = (keys.POD_GATE_LABEL, f"{keys.RAY_NODE_TYPE_LABEL},!{keys.POD_GATE_LABEL}")
 
 
 def pod_view(obj: JSON) -> JSON:
-    """A pod as the reconciler keeps it: who owns it, its booking, whether it runs; a gated pod's spec too
+    """A pod as the reconciler keeps it: whose it is, its booking, whether it runs; a gated pod's spec too
     (its placement decides which booking covers it, and a scale-up's template is made from it)."""
     meta = metadata(obj)
     labels = meta.get("labels") or {}
-    consumes = get(meta, ("annotations", keys.CONSUME_ANNOTATION))
+    annotations = meta.get("annotations") or {}
+    kept = {k: annotations[k] for k in (keys.CONSUME_ANNOTATION, keys.RAY_OWNER_ANNOTATION) if k in annotations}
     view: JSON = {"metadata": {
-        **{k: meta.get(k) for k in ("name", "namespace", "creationTimestamp")},
+        **{k: meta.get(k) for k in ("name", "namespace", "uid", "creationTimestamp")},
         "labels": {k: labels[k] for k in (keys.RAY_GROUP_LABEL, keys.POD_GATE_LABEL, keys.RAY_CLUSTER_LABEL)
                    if k in labels},
         "ownerReferences": meta.get("ownerReferences") or [],
-        **({"annotations": {keys.CONSUME_ANNOTATION: consumes}} if consumes else {})},
+        **({"annotations": kept} if kept else {})},
         "status": {"phase": get(obj, ("status", "phase"))}}
     if (group := get(obj, ("spec", "schedulingGroup"))) is not None:
         # The gang group it joined (native mode), and whether it is bound yet.
@@ -55,14 +61,19 @@ def pod_view(obj: JSON) -> JSON:
     return view
 
 
-def job_view(obj: JSON) -> JSON:
-    meta = metadata(obj)
-    return {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "uid": meta.get("uid"),
-                         "ownerReferences": meta.get("ownerReferences") or []}}
-
-
 def runs(pod: Mapping[str, Any]) -> bool:
     return get(pod, ("status", "phase")) not in gating.TERMINAL_POD_PHASES
+
+
+def recorded_owner(pod: Mapping[str, Any]) -> identity.RayOwner | None:
+    """The Ray object the webhook recorded as the pod's at its creation (None: none, or no record)."""
+    return identity.RayOwner.parse(identity.recorded(pod))
+
+
+def pod_set(pod: Mapping[str, Any]) -> str:
+    """The pod set the pod was made for, as recorded (a pod from before the records: from its labels)."""
+    owner = recorded_owner(pod)
+    return owner.pod_set if owner is not None and owner.pod_set else podgate.pod_set_of(pod)
 
 
 @dataclass(frozen=True)
@@ -86,81 +97,74 @@ def bound_in(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 class PodIndex:
     def __init__(self, kube: Kube, resync_seconds: float, page_size: int,
-                 owner_of_cluster: Callable[[str, str, str], JobKey | None],
+                 owner_of: Callable[[str, str, str, str], JobKey | None],
                  on_change: Callable[[JobKey], None], on_unowned: Callable[[PodKey], None],
                  on_consumers: Callable[[str, str], None]) -> None:
-        """`owner_of_cluster(namespace, name, uid)`: the Ray object whose booking a RayCluster's pods use
-        (None: not raygate's); `on_change(owner)`: a pod of it appeared, went, was released or ended;
-        `on_unowned(pod)`: a gated pod whose owner the caches cannot tell (the worker looks further);
-        `on_consumers(namespace, request)`: a request got its first running pod or lost its last one."""
-        self._owner_of_cluster = owner_of_cluster
+        """`owner_of(kind, namespace, name, uid)`: the Ray object whose booking the pods of a RayJob or
+        RayCluster use (None: gone, or not one raygate holds); `on_change(owner)`: a pod of it appeared, went,
+        was released or ended; `on_unowned(pod)`: a gated pod whose owner the caches cannot tell (the worker
+        looks further); `on_consumers(namespace, request)`: a request got its first running pod or lost its
+        last one."""
+        self._owner_of = owner_of
         self._on_change = on_change
         self._on_unowned = on_unowned
         self._on_consumers = on_consumers
         self._lock = threading.Lock()
         self._seen: dict[PodKey, Seen] = {}
         self._of: dict[JobKey, set[PodKey]] = {}
+        self._awaiting: dict[JobKey, set[PodKey]] = {}  # gated pods whose recorded owner the caches lack
         self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
         self._bound: dict[tuple[str, str], dict[str, int]] = {}  # (namespace, group) -> Ray cluster -> bound pods
         self._released: dict[PodKey, JSON] = {}  # released by us, not yet shown by the watch
-        self.jobs = Informer(kube, JOBS, label_selector=KUBERAY_JOBS, resync_seconds=resync_seconds,
-                             transform=job_view, page_size=page_size)
         self.informers = [
             Informer(kube, PODS, label_selector=selector, resync_seconds=resync_seconds, handler=self._event,
                      transform=pod_view, compact=True, page_size=page_size)
-            for selector in (keys.RAY_NODE_TYPE_LABEL, OTHER_GATED)
+            for selector in SELECTORS
         ]
 
     def all_informers(self) -> list[Informer]:
-        return [self.jobs, *self.informers]
+        return list(self.informers)
 
     # --- whose a pod is --------------------------------------------------------------------------
     def owner(self, pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> JobKey | None:
-        """The Ray object whose booking the pod uses, from its controller (and, for a batch Job's pod, the
-        Job's controller: `job`, or the Job cache)."""
+        """The Ray object whose booking the pod uses: the one recorded at its creation. A pod without a record
+        (made before raygate recorded them) is read from its controller, and a batch Job's pod from the Job's
+        controller (`job`: that Job, as the worker read it)."""
         namespace = meta_str(pod, "namespace")
-        ref = controller_ref(pod)
-        if ref is None:
+        record = identity.recorded(pod)
+        if record is not None:
+            owner = identity.RayOwner.parse(record)
+            return None if owner is None else self._owner_of(owner.kind, namespace, owner.name, owner.uid)
+        ref = controller_ref(job) if job is not None else controller_ref(pod)
+        if ref is None or not str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/"):
             return None
-        if ref.get("kind") == "Job" and str(ref.get("apiVersion", "")).startswith("batch/"):
-            job = job or self.jobs.get(namespace, str(ref.get("name") or ""))
-            if job is None or meta_str(job, "uid") != ref.get("uid"):
-                return None
-            ref = controller_ref(job)
-            if ref is None:
-                return None
-        if not str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/"):
-            return None
-        name, uid = str(ref.get("name") or ""), str(ref.get("uid") or "")
-        if ref.get("kind") == keys.RAYCLUSTER_KIND:
-            return self._owner_of_cluster(namespace, name, uid)
-        if ref.get("kind") == keys.RAYJOB_KIND:
-            return keys.RAYJOB_KIND, namespace, name
-        return None
+        return self._owner_of(str(ref.get("kind") or ""), namespace, str(ref.get("name") or ""),
+                              str(ref.get("uid") or ""))
 
     @staticmethod
-    def job_name(pod: Mapping[str, Any]) -> str | None:
-        """The batch Job controlling the pod, if one does."""
+    def legacy_job(pod: Mapping[str, Any]) -> str | None:
+        """The batch Job controlling a pod without a record, if one does (its owner is read through the Job)."""
         ref = controller_ref(pod)
-        if ref is None or ref.get("kind") != "Job" or not str(ref.get("apiVersion", "")).startswith("batch/"):
+        if identity.recorded(pod) is not None or ref is None or ref.get("kind") != "Job" or \
+                not str(ref.get("apiVersion", "")).startswith("batch/"):
             return None
         return str(ref.get("name") or "")
 
-    @staticmethod
-    def ray_owned(pod: Mapping[str, Any], job: Mapping[str, Any] | None) -> bool:
-        """Whether a Ray object controls the pod, or the batch Job `job` that controls it, whether or not
-        raygate holds that object: one it does not hold has no booking, so its pods stay gated."""
-        ref = controller_ref(job) if job is not None else controller_ref(pod)
-        return ref is not None and str(ref.get("apiVersion", "")).startswith(keys.RAY_GROUP + "/")
-
     def assign(self, key: PodKey, owner: JobKey) -> None:
-        """The worker found the owner the caches could not tell (a Job the cache did not hold yet)."""
+        """The worker found the owner the caches could not tell (a Job, or a Ray object the cache had not yet)."""
         with self._lock:
             seen = self._seen.get(key)
             if seen is None:
                 return
-            self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes)
+            self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in)
             self._of.setdefault(owner, set()).add(key)
+            for waiting in self._awaiting.values():
+                waiting.discard(key)
+
+    def arrived(self, kind: str, namespace: str, name: str) -> list[PodKey]:
+        """Gated pods recorded as the Ray object's that just came into the caches: they can be placed now."""
+        with self._lock:
+            return sorted(self._awaiting.pop((kind, namespace, name), set()))
 
     # --- events ----------------------------------------------------------------------------------
     def _event(self, event: str, obj: JSON) -> None:
@@ -170,6 +174,7 @@ class PodIndex:
         owner = None if gone else self.owner(obj)
         now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
                    None if gone else bound_in(obj))
+        recorded = recorded_owner(obj)
         with self._lock:
             before = self._seen.pop(key, None)
             touched = {c for c in (before.consumes if before else None, now.consumes) if c}
@@ -178,6 +183,12 @@ class PodIndex:
                 if before.owner is not None:
                     self._of.get(before.owner, set()).discard(key)
                 self._count(key, before, -1)
+            if recorded is not None:
+                awaited = (recorded.kind, key[0], recorded.name)
+                if not gone and owner is None and now.gated:
+                    self._awaiting.setdefault(awaited, set()).add(key)
+                elif awaited in self._awaiting:
+                    self._awaiting[awaited].discard(key)
             if not gone:
                 self._seen[key] = now
                 if owner is not None:
@@ -191,7 +202,8 @@ class PodIndex:
         if now != before:
             for changed in {before.owner if before else None, owner} - {None}:
                 self._on_change(changed)  # type: ignore[arg-type]
-        if not gone and owner is None and now.gated:
+        if not gone and owner is None and now.gated and (before is None or before.owner is not None
+                                                          or before.gated != now.gated):
             self._on_unowned(key)
 
     def _count(self, key: PodKey, seen: Seen, step: int) -> None:
@@ -231,7 +243,8 @@ class PodIndex:
         return None
 
     def pods_of(self, owner: JobKey, policy: NamespacePolicy, claims: Any) -> tuple[gating.Pod, ...]:
-        """The owner's pods that raygate gated, as the gate decision reads them."""
+        """The owner's pods that raygate gated, as the gate decision reads them. A gated pod whose requests
+        raygate cannot read is kept with why: it holds no slot and gets none, and the rest go on."""
         with self._lock:
             keys_ = sorted(self._of.get(owner, set()))
         out = []
@@ -239,11 +252,14 @@ class PodIndex:
             pod = self.get(key)
             if pod is None or get(pod, ("metadata", "labels", keys.POD_GATE_LABEL)) is None:
                 continue
-            digest = ""
+            digest, unreadable = "", None
             if podgate.gated(pod):
-                managed, _ = podgate.managed_request(pod, policy, claims, key[0])
-                digest = podgate.match_digest(pod.get("spec"), managed)
-            out.append(gating.pod_of(pod, digest))
+                try:
+                    managed, _ = podgate.managed_request(pod, policy, claims, key[0])
+                    digest = podgate.match_digest(pod.get("spec"), managed)
+                except ManifestError as err:
+                    unreadable = str(err)
+            out.append(gating.pod_of(pod, digest, pod_set(pod), unreadable))
         return tuple(out)
 
     def bound(self, namespace: str, group: str) -> dict[str, int]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from raygate.core import dra, keys, limits, podgate
+from raygate.core import dra, identity, keys, limits, podgate
 from raygate.core.modes import NO_MEMBERS, Members, recorded_mode, rules_for
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.policy import NamespacePolicy, RaygateConfig
 from raygate.core.workload import ManifestError, Workload
-from raygate.webhook import guard, pods
+from raygate.webhook import guard, jobs, pods
 from raygate.webhook.review import AdmissionRequest, kind_of, username
 from raygate.webhook.verdict import Decision, allow, refuse
 
@@ -44,6 +44,36 @@ def _skip_reason(w: Workload, user: str, config: RaygateConfig) -> str | None:
     # No skip on raygate's own annotation: a user could set it to walk past the hold. An object
     # raygate already mutated needs no patch anyway, because every operation is a no-op then.
     return None
+
+
+def _gpu_submitter(w: Workload, policy: NamespacePolicy) -> str | None:
+    """A RayJob on an existing cluster (clusterSelector) whose submitter pod asks for GPUs, where pods are gated.
+    raygate cannot hold such a job (KubeRay refuses to suspend a clusterSelector RayJob, for good), so its
+    submitter's GPUs could never be booked: it would stay gated for ever."""
+    template = get(w.obj, ("spec", "submitterPodTemplate"))
+    if w.submission_mode != "K8sJobMode" or not isinstance(template, dict) or not podgate.gates_pods(policy):
+        return None
+    managed, uncounted = podgate.managed_request(template, policy, w.claim_templates, w.namespace)
+    if not managed and not uncounted:
+        return None
+    return (f"its submitter pod asks for {', '.join(sorted(managed) or uncounted)}, and it runs on an existing cluster "
+            "(spec.clusterSelector): raygate books GPUs by holding a job suspended until its capacity is provisioned, "
+            "and KubeRay never runs a suspended RayJob with clusterSelector, so this submitter could never get a "
+            "booking. The submitter only submits the job to the cluster: remove the GPUs from "
+            "spec.submitterPodTemplate, or give the job its own cluster (spec.rayClusterSpec instead of "
+            "clusterSelector)")
+
+
+def _parent_record(w: Workload) -> Decision:
+    """KubeRay's cluster of a RayJob is left as the operator made it, but for raygate's record of its parent: the
+    reconciler reads whose cluster it is from that record (written here, when the operator creates it), never
+    from an ownerReference or a label, which a user creating a RayCluster may write too."""
+    b = PatchBuilder(w.obj)
+    parent = w.rayjob_parent()
+    if parent is not None:
+        b.set(("metadata", "annotations", keys.PARENT_ANNOTATION),
+              identity.RayOwner(keys.RAYJOB_KIND, *parent).render())
+    return Decision(allowed=True, outcome="skipped-owned-by-rayjob", patch=b.ops)
 
 
 def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warnings: list[str]) -> list[str]:
@@ -106,6 +136,8 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     try:
         if kind_of(request) == pods.POD_KIND:
             return pods.mutate(request, ns_labels, config, claims, members)
+        if kind_of(request) == jobs.JOB_KIND:
+            return jobs.mutate(request, ns_labels, config)
         return _mutate(request, ns_labels, config, claims)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)
@@ -174,9 +206,13 @@ def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:
 def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Decision:
     """Refuse, or hold and patch, an opted-in Ray object being created."""
     skip = _skip_reason(w, user, config)
+    if skip == "skipped-owned-by-rayjob":
+        return _parent_record(w)
+    policy = config.policy_for(namespace)
+    if skip == "skipped-cluster-selector" and (problem := _gpu_submitter(w, policy)) is not None:
+        return refuse(f"raygate refused {w.kind} {w.name}: {problem}", mode=policy.mode)
     if skip:
         return allow(skip)
-    policy = config.policy_for(namespace)
     mode_rules = rules_for(policy.mode)
     b = PatchBuilder(w.obj)
     warnings: list[str] = []
@@ -206,6 +242,8 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
     try:
         if kind_of(request) == pods.POD_KIND:
             return pods.validate(request, ns_labels, config, claims, members)
+        if kind_of(request) == jobs.JOB_KIND:
+            return jobs.validate(request, ns_labels, config)
         return _validate(request, ns_labels, config, claims)
     except ManifestError as err:
         return _unreadable(request, err)
@@ -223,6 +261,11 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
         decision = _admit(w, namespace, config, user)
         if not decision.allowed:
             return decision
+        if decision.outcome == "skipped-owned-by-rayjob" and decision.patch:
+            return refuse(f"{w.kind} {w.name} would be stored without raygate's record of its RayJob "
+                          f"({keys.PARENT_ANNOTATION}): another mutating webhook removed it after raygate's, or "
+                          "raygate's did not run (cluster admins: check `kubectl get mutatingwebhookconfiguration "
+                          "raygate-mutating`)")
         if decision.mode is None:
             return allow("valid")
         rules = rules_for(decision.mode)
@@ -239,6 +282,8 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     policy = config.policy_for(namespace)
     if (over := _over_limits(old, w, namespace, policy)) is not None:
         return over
+    if w.uses_cluster_selector and (problem := _gpu_submitter(w, policy)) is not None:
+        return refuse(f"raygate refused this change of {w.kind} {w.name}: {problem}", mode=policy.mode)
     rules = rules_for(policy.recorded_mode(old.annotations))
     if not rules.holds:
         return allow("admitted-elsewhere")  # the system that admits here (Kueue) guards its own jobs

@@ -29,6 +29,13 @@ CAPACITY_GATE = f"{DOMAIN}/capacity"
 POD_GATE_LABEL = f"{DOMAIN}/pod-gate"
 POD_GATED = "gated"
 POD_RELEASED = "released"
+# Whose a pod is, decided once when it is created (raygate/core/identity.py): on a pod, and in the pod template of
+# a batch Job KubeRay's operator makes (the Job controller copies it into every pod), the Ray object whose booking
+# the pod may use, "<kind>/<name>/<uid>/<pod set>", or "none". On the objects the reconciler creates: their job,
+# "<kind>/<name>/<uid>", so that one the garbage collector orphaned is still raygate's to clean up.
+RAY_OWNER_ANNOTATION = f"{DOMAIN}/ray-owner"
+# On KubeRay's RayCluster of a RayJob: that RayJob, "RayJob/<name>/<uid>", recorded when KubeRay's operator creates it.
+PARENT_ANNOTATION = f"{DOMAIN}/parent"
 # On a ProvisioningRequest that books a scale-up (pods beyond the admitted gang), and on the PodGroup of a
 # scale-up's increment (native mode): its pod set's name.
 SCALE_UP_ANNOTATION = f"{DOMAIN}/scale-up"

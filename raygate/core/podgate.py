@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from raygate.core import dra, keys
 from raygate.core import quantity as q
+from raygate.core.identity import pod_set_of as pod_set_of
 from raygate.core.modes import rules_for
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
 from raygate.core.workload import ManifestError, pod_request
-from raygate.core.workload import pod_set_of as pod_set_of
 
 if TYPE_CHECKING:
     from raygate.core.policy import NamespacePolicy

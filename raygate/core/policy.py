@@ -105,6 +105,11 @@ class Limits(_Strict):
         1024, ge=1, le=1_000_000,
         description="Most pods one ProvisioningRequest may book (the cluster-autoscaler simulates each of them).",
     )
+    max_pending_scale_ups: int = Field(
+        3, ge=1, le=100,
+        description="Most scale-up requests of one admitted object that may wait for the cluster-autoscaler at "
+        "once (not yet Provisioned); its further new pods wait gated, with this reason, until one is answered.",
+    )
 
 
 class NamespacePolicy(_Strict):

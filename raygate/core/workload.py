@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygate.core import dra, keys
+from raygate.core import dra, identity, keys
 from raygate.core import quantity as q
 from raygate.core.objects import JSON, Path, get
 
@@ -248,6 +248,10 @@ class Workload:
         return str(get(self.obj, ("metadata", "namespace"), ""))
 
     @property
+    def uid(self) -> str:
+        return str(get(self.obj, ("metadata", "uid"), ""))
+
+    @property
     def labels(self) -> Mapping[str, str]:
         return _strings(self.obj, ("metadata", "labels"))
 
@@ -401,15 +405,6 @@ class Workload:
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
-def pod_set_of(pod: Mapping[str, Any]) -> str:
-    """The pod set a pod belongs to: its Ray group (KubeRay's label, which templates cannot override), or
-    the submitter for a pod of KubeRay's batch Job."""
-    group = get(pod, ("metadata", "labels", keys.RAY_GROUP_LABEL))
-    if isinstance(group, str) and group:
-        return keys.HEAD_GROUP_TASK if group == "headgroup" else group
-    return keys.SUBMITTER_TASK
-
-
 def owner_reference(w: Workload) -> JSON:
     """The controller reference raygate's children carry to their job (garbage collected with it)."""
     return {
@@ -428,6 +423,8 @@ def child_metadata(w: Workload, name: str) -> JSON:
         "name": name,
         "namespace": w.namespace,
         "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE},
+        # Its job by name and uid, also where the garbage collector cannot strip it (--cascade=orphan).
+        "annotations": {keys.RAY_OWNER_ANNOTATION: identity.child_record(w.kind, w.name, w.uid)},
         "ownerReferences": [owner_reference(w)],
     }
 

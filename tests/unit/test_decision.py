@@ -368,7 +368,8 @@ def test_kueue_mode_refuses_a_create_that_nothing_suspended(obj: dict[str, Any])
 def test_kueue_mode_leaves_kuberays_cluster_of_a_kueue_job_alone_when_unsuspended() -> None:
     cfg = config(mode="kueue", queueName="q")
     owned = kuberay_child(keys.MODE_ANNOTATION, "kueue")
-    assert validate(request(owned, user=OPERATOR), OPTED_IN, cfg).allowed
+    assert validate(request(applied(owned, mutate(request(owned, user=OPERATOR), OPTED_IN, cfg)), user=OPERATOR),
+                    OPTED_IN, cfg).allowed
     assert not validate(request(owned, user="alice"), OPTED_IN, cfg).allowed  # a user's claim is not enough
 
 
@@ -432,11 +433,6 @@ def kuberay_child(key: str = keys.STATE_LABEL, value: str = "Admitted") -> dict[
 
 
 SKIPS = [
-    Skip("kuberay_operator_creates_the_cluster_of_an_admitted_rayjob", request(kuberay_child(), user=OPERATOR),
-         "skipped-owned-by-rayjob"),
-    Skip("operator_identity_is_configurable",
-         request(kuberay_child(), user="system:serviceaccount:default:kuberay-operator"), "skipped-owned-by-rayjob",
-         cfg=RaygateConfig.model_validate({"rayOperatorUsers": ["system:serviceaccount:default:kuberay-operator"]})),
     Skip("rayjob_with_only_cluster_selector",
          request(RayJob().without_cluster_spec().cluster_selector(**{"ray.io/cluster": "shared"}).obj()),
          "skipped-cluster-selector"),
@@ -459,6 +455,41 @@ SKIPS = [
 def test_left_alone(case: Skip) -> None:
     d = mutate(case.req, case.ns_labels, case.cfg)  # type: ignore[arg-type]
     assert (d.allowed, d.patch, d.outcome) == (True, [], case.outcome)
+
+
+@pytest.mark.parametrize(("user", "cfg"), [
+    (OPERATOR, DEFAULT),
+    ("system:serviceaccount:default:kuberay-operator",
+     RaygateConfig.model_validate({"rayOperatorUsers": ["system:serviceaccount:default:kuberay-operator"]})),
+], ids=["kuberay_operator", "operator_identity_is_configurable"])
+def test_kuberays_cluster_of_an_admitted_rayjob_is_left_alone_but_for_the_record_of_its_parent(
+        user: str, cfg: RaygateConfig) -> None:
+    """Whose cluster it is, is recorded when the operator makes it: the reconciler never reads it from the
+    ownerReference, which anyone creating a RayCluster may write."""
+    child = kuberay_child()
+    d = mutate(request(child, user=user), OPTED_IN, cfg)
+    assert (d.allowed, d.outcome) == (True, "skipped-owned-by-rayjob")
+    stored = applied(child, d)
+    ref = child["metadata"]["ownerReferences"][0]
+    assert stored["metadata"]["annotations"][keys.PARENT_ANNOTATION] == f"RayJob/{ref['name']}/{ref['uid']}"
+    assert stored["spec"] == child["spec"]  # nothing else changes: it runs as KubeRay made it
+    assert validate(request(stored, user=user), OPTED_IN, cfg).allowed
+    assert not validate(request(child, user=user), OPTED_IN, cfg).allowed  # stored without the record
+
+
+def test_a_rayjob_on_an_existing_cluster_whose_submitter_asks_for_gpus_is_refused_saying_why() -> None:
+    obj = RayJob().without_cluster_spec().cluster_selector(**{"ray.io/cluster": "shared"}).obj()
+    obj["spec"]["submitterPodTemplate"] = {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "submit", "image": "ray", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    d = mutate(request(obj), OPTED_IN, DEFAULT)
+    assert not d.allowed and d.message is not None
+    for says in ("submitter pod asks for nvidia.com/gpu", "clusterSelector", "remove the GPUs"):
+        assert says in d.message, d.message
+    cpu = json.loads(json.dumps(obj).replace('"nvidia.com/gpu"', '"cpu"'))
+    assert mutate(request(cpu), OPTED_IN, DEFAULT).outcome == "skipped-cluster-selector"
+    assert not validate(request(obj, operation="UPDATE", old=cpu), OPTED_IN, DEFAULT).allowed  # nor added later
+    kueue = config(mode="kueue", queueName="q")  # Kueue is the gate there: raygate books nothing
+    assert mutate(request(obj), OPTED_IN, kueue).allowed
 
 
 # A RayCluster is KubeRay's cluster of an admitted RayJob only when the operator creates it: what the object

@@ -116,11 +116,14 @@ def test_fixed_field_is_reported_as_a_warning(tmp_path: Path, capsys: pytest.Cap
     assert jsonpatch.apply_patch(obj, result["patch"])["spec"]["shutdownAfterJobFinishes"] is True
 
 
-def test_left_alone_has_no_patch_and_no_gang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_kuberays_cluster_of_a_rayjob_is_left_alone_but_for_its_parents_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     child = RayCluster("rc", "team").owned_by_rayjob().label(keys.STATE_LABEL, "Admitted").obj()
     code, result = explain_json(capsys, "-f", write(tmp_path, child), "--as", KUBERAY_OPERATOR_USER)
     assert code == 0
-    assert (result["allowed"], result["patch"], result["gang"]) == (True, [], None)
+    assert (result["allowed"], result["gang"]) == (True, None)
+    assert [op["path"] for op in result["patch"]] == ["/metadata/annotations"]  # only the record of whose it is
+    assert list(result["patch"][0]["value"]) == [keys.PARENT_ANNOTATION]
     assert "belongs to a RayJob" in result["message"]
 
 

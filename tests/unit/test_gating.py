@@ -106,3 +106,41 @@ def test_limits_bound_what_a_scale_up_asks() -> None:
     assert p.refused and "5 pods of pod set gpu" in p.refused[0]
     full = plan([gated("p")], [request("gang", 0, *PROVISIONED)], room=0)
     assert full.create == [] and full.waiting == {("gpu", GPU_DIGEST): 1}
+
+
+def test_an_edit_of_where_pods_go_books_nothing_for_pods_that_exist() -> None:
+    """KubeRay keeps the pods made from the older template: a placement edit asks for no booking of its own."""
+    pods = [released("a", "gang")]
+    for _ in range(6):
+        p = gating.plan(pods, [request("gang", 1, *PROVISIONED)], [], TEMPLATES,
+                        desired={("gpu", "d-edited"): 1}, room=100, most_per_request=100)
+        assert p.create == [] and p.waiting == {}
+
+
+def test_pods_still_to_come_are_booked_with_the_placement_the_spec_has_now() -> None:
+    p = gating.plan([released("a", "gang")], [request("gang", 1, *PROVISIONED)], [], TEMPLATES,
+                    desired={("gpu", "d-edited"): 3}, room=100, most_per_request=100)
+    assert [(key, n) for key, n, _ in p.create] == [(("gpu", "d-edited"), 2)]  # exactly the 2 pods to come
+
+
+def test_scale_up_requests_waiting_for_the_autoscaler_are_capped() -> None:
+    first = request("up-1", 1, ("Accepted", "True"), tpl="t-gpu-s", scale_up=True)
+    pods = [released("a", "gang"), gated("b"), gated("c", digest="d-other")]
+    capped = plan_with(pods, [first], most_pending=1)
+    assert capped.create == [] and capped.waiting == {("gpu", GPU_DIGEST): 1, ("gpu", "d-other"): 1}
+    assert any("limits.maxPendingScaleUps" in r for r in capped.refused)
+    assert [(key, n) for key, n, _ in plan_with(pods, [first], most_pending=2).create] == [(("gpu", "d-other"), 1)]
+
+
+def test_a_pod_whose_requests_cannot_be_read_stays_gated_and_the_rest_go_on() -> None:
+    bad = Pod("bad", "2030-01-01T00:00:00Z", "gpu", gated=True, runs=True, consumes=None, obj={"metadata": {}},
+              unreadable="memory: 100E is out of range")
+    p = plan([bad, gated("b")], [request("gang", 1, *PROVISIONED)])
+    assert released_into(p) == [("b", "gang")] and p.create == []
+    assert any("pod bad stays gated" in r and "100E" in r for r in p.refused)
+
+
+def plan_with(pods: list[Pod], scale_ups: list[dict[str, Any]], most_pending: int) -> gating.GatePlan:
+    return gating.plan(pods, [request("gang", 1, *PROVISIONED)], scale_ups,
+                       [*TEMPLATES, template("t-other", digest="d-other")], room=100, most_per_request=100,
+                       most_pending=most_pending)

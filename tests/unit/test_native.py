@@ -10,7 +10,8 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from builders import RayJob, config, request
+from builders import RayJob, config
+from builders import request as review_request
 from plans import applied, kinds
 
 from raygate.core import keys
@@ -18,7 +19,7 @@ from raygate.core.api import OFFLINE, Served
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupSpec, Mode, group_rules, native, rules_for
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, parse_config
+from raygate.core.policy import KUBERAY_OPERATOR_USER, ConfigError, NamespacePolicy, merge_override, parse_config
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import decision, gating
@@ -31,6 +32,11 @@ CPU = {"cpu": "1"}
 SERVED = Served(gang_version="v1alpha2")
 OPTED_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
 RULES = native.RULES
+
+
+def request(obj: dict[str, Any] | None, user: str = KUBERAY_OPERATOR_USER, **kwargs: Any) -> Any:
+    """A review from KubeRay's operator by default: it makes the Ray objects' pods."""
+    return review_request(obj, user=user, **kwargs)
 
 
 def job(state: str = "Pending", *, workers: int = 4, cpu_workers: int = 0, suspend: bool = True,
@@ -255,6 +261,8 @@ def pod(group: str | None = "g", pod_set: str = "gpu", gpu: bool = True, name: s
     resources = {"limits": GPU} if gpu else {"requests": CPU}
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "ns", "annotations": annotations,
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster,
+                                              "uid": f"{cluster}-uid", "controller": True}],
                          "labels": {keys.RAY_GROUP_LABEL: pod_set, keys.RAY_NODE_TYPE_LABEL: "worker",
                                     keys.RAY_CLUSTER_LABEL: cluster}},
             "spec": {"containers": [{"name": "c", "image": "ray", "resources": resources}]}}
@@ -298,7 +306,8 @@ def test_a_gpu_pod_of_a_native_gang_is_gated_and_named_into_its_group() -> None:
 
 def test_the_head_is_named_into_its_group_without_a_gate_and_static_pools_gate_nothing() -> None:
     d = webhook.mutate(request(pod(gpu=False, pod_set="headgroup")), OPTED_IN, native_config())
-    assert d.outcome == "grouped" and [op["path"] for op in d.patch] == ["/spec/schedulingGroup"]
+    assert d.outcome == "grouped" and [op["path"] for op in d.patch] == [
+        "/metadata/annotations/raygate.io~1ray-owner", "/spec/schedulingGroup"]
     static = native_config(provisioning={"enabled": False})
     d = webhook.mutate(request(pod()), OPTED_IN, static, members=Members(bound={"g": "c1"}))
     assert d.outcome == "grouped"  # not gated, so never a scale-up's: growth is refused where nothing is booked

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from typing import Any
 
 import jsonpatch
@@ -13,6 +14,7 @@ from plans import applied, kinds
 
 from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
+from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupSpec, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
@@ -656,7 +658,7 @@ def gated_pod(w: Workload, name: str, **spec: Any) -> dict[str, Any]:
 
 def as_seen(pod: dict[str, Any]) -> gating.Pod:
     managed, _ = podgate.managed_request(pod, policy(), lambda ns, n: None, "ns")
-    return gating.pod_of(pod, podgate.match_digest(pod["spec"], managed))
+    return gating.pod_of(pod, podgate.match_digest(pod["spec"], managed), podgate.pod_set_of(pod))
 
 
 def admitted_with(*pods: dict[str, Any]) -> tuple[Workload, Observed]:
@@ -692,3 +694,18 @@ def test_a_scale_up_is_booked_from_the_pods_and_its_wait_is_said_on_the_object()
     reason = applied(w, plan)["metadata"]["annotations"][keys.SCALE_UP_REASON_ANNOTATION]
     assert "2 pods of pod set gpu wait gated for a booking" in reason
     assert "event ScaleUpWaiting" in kinds(plan)
+
+
+def test_a_scale_up_request_no_pod_needs_goes_with_its_pod_template() -> None:
+    w, _ = admitted_with()
+    pods = [gated_pod(w, f"p{i}") for i in range(1, 4)]  # the gang books 2: p3 is a scale-up
+    w, obs = admitted_with(*pods)
+    creates = [a.obj for a in decision.decide(w, obs, policy(), NOW).actions if isinstance(a, Create)]
+    template, up = creates
+    up = {**up, "status": {"conditions": [{"type": "Accepted", "status": "True", "reason": "A"}]}}
+    w, obs = admitted_with(*pods[:2])  # p3 went before its scale-up was Provisioned
+    obs = replace(obs, scale_ups=(up,), templates=(*obs.templates, template))
+    plan = decision.decide(w, obs, policy(), NOW)
+    deleted = [(a.kind, a.name) for a in plan.actions if isinstance(a, decision.Delete)]
+    assert deleted == [(ChildKind.PROVISIONING_REQUEST, up["metadata"]["name"]),
+                       (ChildKind.POD_TEMPLATE, template["metadata"]["name"])]

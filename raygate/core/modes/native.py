@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from raygate.core import api, booking, keys
 from raygate.core.api import Resource, Served
+from raygate.core.identity import pod_set_of
 from raygate.core.keys import ChildKind
 from raygate.core.modes.base import GroupRules, GroupSpec, Members, Mode, ModeRules
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp
-from raygate.core.workload import DEFAULT_SCHEDULER, Gang, Workload, child_metadata, pod_set_of
+from raygate.core.workload import DEFAULT_SCHEDULER, Gang, Workload, child_metadata
 
 if TYPE_CHECKING:
     from raygate.core.policy import NamespacePolicy

@@ -1,0 +1,67 @@
+"""The admission decision for batch Jobs: stamp, once, the Ray owner of a Job's pods into its pod template.
+
+KubeRay makes batch Jobs of its own for Ray objects (a RayJob's submitter in K8sJobMode, a cluster's cleanup
+Job), and the Job controller makes their pods, so the pod webhook cannot tell from who creates such a pod
+which Ray object it serves. The Job's creator can be told: when KubeRay's operator creates a Job for a Ray
+object, its pod template gets raygate's record of that object; any other Job's gets "none"
+(raygate.core.identity). The Job controller copies the record into every pod, where the pod webhook reads it.
+Pure, like the other decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from raygate.core import identity, keys
+from raygate.core.objects import get
+from raygate.core.patch import PatchBuilder
+from raygate.core.policy import RaygateConfig
+from raygate.webhook.review import AdmissionRequest, username
+from raygate.webhook.verdict import Decision, allow, refuse
+
+JOB_KIND = "Job"
+STAMP = ("spec", "template", "metadata", "annotations", keys.RAY_OWNER_ANNOTATION)
+
+
+def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None,
+             config: RaygateConfig) -> dict[str, object] | str:
+    job = request.get("object")
+    if not isinstance(job, dict):
+        return "skipped-operation"
+    namespace = request.get("namespace") or get(job, ("metadata", "namespace"))
+    if not config.opted_in(str(namespace or ""), dict(ns_labels) if ns_labels is not None else None):
+        return "skipped-namespace"
+    return job
+
+
+def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+    if request.get("operation") != "CREATE":
+        return allow("skipped-operation")
+    job = _subject(request, ns_labels, config)
+    if isinstance(job, str):
+        return allow(job)
+    b = PatchBuilder(job)
+    b.set(STAMP, identity.job_template_record(job, username(request), config.ray_operator_users))
+    return Decision(allowed=True, outcome="stamped" if b.ops else "unchanged", patch=b.ops)
+
+
+def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+    job = _subject(request, ns_labels, config)
+    if isinstance(job, str):
+        return allow(job)
+    user = username(request)
+    if request.get("operation") == "CREATE":
+        if get(job, STAMP) != identity.job_template_record(job, user, config.ray_operator_users):
+            return refuse(f"this Job's pod template would be stored without raygate's record "
+                          f"{keys.RAY_OWNER_ANNOTATION} as raygate wrote it: another mutating webhook changed it, or "
+                          "raygate's did not run (cluster admins: check `kubectl get mutatingwebhookconfiguration "
+                          "raygate-mutating`)")
+        return allow("valid")
+    old = request.get("oldObject")
+    if request.get("operation") != "UPDATE" or not isinstance(old, dict) or user in config.trusted_users:
+        return allow("skipped-operation" if user not in config.trusted_users else "trusted")
+    if get(old, STAMP) != get(job, STAMP):
+        return refuse(f"annotation {keys.RAY_OWNER_ANNOTATION} of this Job's pod template is raygate's record of "
+                      "the Ray object its pods serve, written when the Job was created: leave it as it is",
+                      code=403)
+    return allow("valid")
