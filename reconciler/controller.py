@@ -211,7 +211,7 @@ class Controller:
         not one."""
         for kind, inf in self.jobs.items():
             for o in inf.iter_items():
-                if kind != keys.RAYCLUSTER_KIND or not self.kuberay_child(o):
+                if kind != keys.RAYCLUSTER_KIND or not (self.kuberay_child(o) or identity.recorded_parent(o)):
                     yield o
 
     def kuberay_child(self, obj: JSON) -> bool:
@@ -239,8 +239,6 @@ class Controller:
         def handle(event: str, obj: JSON) -> None:
             namespace, name = meta_str(obj, "namespace"), meta_str(obj, "name")
             self.queue.add((kind, namespace, name))
-            for pod in self.pods.arrived(kind, namespace, name):
-                self.queue.add((POD, *pod))  # its gated pods, recorded as its, can be placed now
             parent = self._parent(obj) if kind == keys.RAYCLUSTER_KIND else None
             if parent is not None:
                 # A scale-up of a RayJob's cluster is the RayJob's to book: it reads the cluster's spec.
@@ -250,6 +248,15 @@ class Controller:
                     else:
                         self._cluster_of[(namespace, parent[0])] = name
                 self.queue.add((keys.RAYJOB_KIND, namespace, parent[0]))
+            # Whose booking its pods use may change with it (it came, went, or is a RayJob's cluster now).
+            recorded = [(kind, name)]
+            if kind == keys.RAYJOB_KIND:
+                with self._lock:
+                    cluster = self._cluster_of.get((namespace, name))
+                recorded += [(keys.RAYCLUSTER_KIND, cluster)] if cluster else []
+            for k, n in recorded:
+                for pod in self.pods.reresolve(k, namespace, n):
+                    self.queue.add((POD, *pod))
 
         return handle
 
@@ -297,6 +304,8 @@ class Controller:
         parent = self._parent(found) if kind == keys.RAYCLUSTER_KIND else None
         if parent is not None and self.kuberay_child(found):
             return keys.RAYJOB_KIND, namespace, parent[0]
+        if kind == keys.RAYCLUSTER_KIND and identity.recorded_parent(found) is not None:
+            return None  # KubeRay's cluster of a RayJob that is gone: no booking can cover its pods any more
         return kind, namespace, name
 
     def _request_owner(self, namespace: str, request: str) -> JobKey | None:
@@ -358,8 +367,8 @@ class Controller:
         if obj is None:
             self._delete_orphans(kids)  # the job is gone: free its booking now rather than at GC
             return
-        if key[0] == keys.RAYCLUSTER_KIND and self.kuberay_child(obj):
-            return  # KubeRay's cluster of an admitted RayJob carries its labels; the RayJob is what we hold
+        if key[0] == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj) or identity.recorded_parent(obj)):
+            return  # KubeRay's cluster of a RayJob carries its labels; the RayJob is what we hold (or held)
         uid = meta_str(obj, "uid")
         mine = {k: [c for c in v if _made_for(c) == uid] for k, v in kids.items()}
         strays = {k: [c for c in v if _made_for(c) != uid] for k, v in kids.items()}
@@ -398,12 +407,10 @@ class Controller:
     def _say_why_gated(self, pod: JSON, ray: identity.RayOwner) -> None:
         """An Event on a gated pod whose Ray object cannot book it: gone, or never held by raygate. (One that is
         raygate's and only not in the caches yet is placed when it arrives: PodIndex.arrived.)"""
-        try:
-            found: JSON | None = self.kube.get(JOB_KINDS[ray.kind], ray.name, meta_str(pod, "namespace"))
-        except ApiError as err:
-            if not err.not_found:
-                raise
-            found = None
+        found = self._get_ray(ray, meta_str(pod, "namespace"))
+        parent = identity.recorded_parent(found) if found is not None else None
+        if parent is not None and meta_str(found or {}, "uid") == ray.uid:
+            ray, found = parent, self._get_ray(parent, meta_str(pod, "namespace"))  # a RayJob's cluster: the RayJob
         ref = f"{ray.kind} {ray.name}"
         if found is None or meta_str(found, "uid") != ray.uid:
             why = (f"{ref}, which made this pod, is gone (deleted, perhaps with --cascade=orphan): no booking can "
@@ -415,6 +422,14 @@ class Controller:
             return
         self.events.send(pod, decision.Emit("RayObjectCannotBook", why, warning=True,
                                             name=f"{meta_str(pod, 'name')}.{children.short_hash(ray.render())}"))
+
+    def _get_ray(self, ray: identity.RayOwner, namespace: str) -> JSON | None:
+        try:
+            return self.kube.get(JOB_KINDS[ray.kind], ray.name, namespace)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
 
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:

@@ -112,7 +112,7 @@ class PodIndex:
         self._lock = threading.Lock()
         self._seen: dict[PodKey, Seen] = {}
         self._of: dict[JobKey, set[PodKey]] = {}
-        self._awaiting: dict[JobKey, set[PodKey]] = {}  # gated pods whose recorded owner the caches lack
+        self._recorded: dict[JobKey, set[PodKey]] = {}  # pods by the Ray object recorded as theirs
         self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
         self._bound: dict[tuple[str, str], dict[str, int]] = {}  # (namespace, group) -> Ray cluster -> bound pods
         self._released: dict[PodKey, JSON] = {}  # released by us, not yet shown by the watch
@@ -151,20 +151,42 @@ class PodIndex:
         return str(ref.get("name") or "")
 
     def assign(self, key: PodKey, owner: JobKey) -> None:
-        """The worker found the owner the caches could not tell (a Job, or a Ray object the cache had not yet)."""
+        """The worker found the owner the caches could not tell (a pod of a batch Job from before the records)."""
         with self._lock:
             seen = self._seen.get(key)
             if seen is None:
                 return
             self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in)
             self._of.setdefault(owner, set()).add(key)
-            for waiting in self._awaiting.values():
-                waiting.discard(key)
 
-    def arrived(self, kind: str, namespace: str, name: str) -> list[PodKey]:
-        """Gated pods recorded as the Ray object's that just came into the caches: they can be placed now."""
+    def reresolve(self, kind: str, namespace: str, name: str) -> list[PodKey]:
+        """The Ray object recorded as these pods' came, changed or went: whose booking they use is asked again.
+        Returns the gated ones no Ray object in the caches can book now (the worker says why, or lifts the gate
+        of one recorded as no Ray object's)."""
         with self._lock:
-            return sorted(self._awaiting.pop((kind, namespace, name), set()))
+            pods = sorted(self._recorded.get((kind, namespace, name), ()))
+        unowned = []
+        for key in pods:
+            pod = self.get(key)
+            if pod is None:
+                continue
+            owner = self.owner(pod)
+            with self._lock:
+                seen = self._seen.get(key)
+                if seen is None:
+                    continue
+                before = seen.owner
+                if before != owner:
+                    if before is not None:
+                        self._of.get(before, set()).discard(key)
+                    if owner is not None:
+                        self._of.setdefault(owner, set()).add(key)
+                    self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in)
+            for changed in {before, owner} - {None} if before != owner else set():
+                self._on_change(changed)  # type: ignore[arg-type]
+            if owner is None and seen.gated:
+                unowned.append(key)
+        return unowned
 
     # --- events ----------------------------------------------------------------------------------
     def _event(self, event: str, obj: JSON) -> None:
@@ -175,6 +197,7 @@ class PodIndex:
         now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
                    None if gone else bound_in(obj))
         recorded = recorded_owner(obj)
+        by_record = (recorded.kind, key[0], recorded.name) if recorded is not None else None
         with self._lock:
             before = self._seen.pop(key, None)
             touched = {c for c in (before.consumes if before else None, now.consumes) if c}
@@ -183,12 +206,13 @@ class PodIndex:
                 if before.owner is not None:
                     self._of.get(before.owner, set()).discard(key)
                 self._count(key, before, -1)
-            if recorded is not None:
-                awaited = (recorded.kind, key[0], recorded.name)
-                if not gone and owner is None and now.gated:
-                    self._awaiting.setdefault(awaited, set()).add(key)
-                elif awaited in self._awaiting:
-                    self._awaiting[awaited].discard(key)
+            if by_record is not None:
+                if gone:
+                    self._recorded.get(by_record, set()).discard(key)
+                    if not self._recorded.get(by_record):
+                        self._recorded.pop(by_record, None)
+                else:
+                    self._recorded.setdefault(by_record, set()).add(key)
             if not gone:
                 self._seen[key] = now
                 if owner is not None:

@@ -137,7 +137,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         if kind_of(request) == pods.POD_KIND:
             return pods.mutate(request, ns_labels, config, claims, members)
         if kind_of(request) == jobs.JOB_KIND:
-            return jobs.mutate(request, ns_labels, config)
+            return jobs.mutate(request, ns_labels, config, claims)
         return _mutate(request, ns_labels, config, claims)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)

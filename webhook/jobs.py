@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from raygate.core import identity, keys
-from raygate.core.objects import get
+from raygate.core import dra, identity, keys, podgate
+from raygate.core.objects import controller_ref, get
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
 from raygate.webhook.review import AdmissionRequest, username
@@ -34,14 +34,27 @@ def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None,
     return job
 
 
-def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
+def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
+           claims: dra.ClaimTemplates) -> Decision:
     if request.get("operation") != "CREATE":
         return allow("skipped-operation")
     job = _subject(request, ns_labels, config)
     if isinstance(job, str):
         return allow(job)
+    user = username(request)
+    record = identity.job_template_record(job, user, config.ray_operator_users)
+    owner = identity.ray_ref(controller_ref(job))
+    namespace = str(request.get("namespace") or get(job, ("metadata", "namespace")) or "")
+    policy = config.policy_for(namespace)
+    template = get(job, ("spec", "template"))
+    if owner is not None and record == identity.NO_RAY_OWNER and podgate.gates_pods(policy) and isinstance(
+            template, dict) and podgate.needs_gate(template, policy, claims, namespace):
+        return refuse(f"this Job's pods ask for {policy.managed_names()} and it claims to be {owner.kind} "
+                      f"{owner.name}'s (a controller reference), but {user or 'an unknown user'} is not KubeRay's "
+                      "operator: only KubeRay makes a Ray object's Jobs, and raygate books GPUs only for them. "
+                      "Leave the owner reference out, or let the RayJob run its own submitter", code=403)
     b = PatchBuilder(job)
-    b.set(STAMP, identity.job_template_record(job, username(request), config.ray_operator_users))
+    b.set(STAMP, record)
     return Decision(allowed=True, outcome="stamped" if b.ops else "unchanged", patch=b.ops)
 
 

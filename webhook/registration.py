@@ -44,6 +44,9 @@ def _webhook(name: str, client_config: dict[str, Any], operations: list[str], fa
             # The pod gate (raygate/core/podgate.py).
             {"apiGroups": [""], "apiVersions": ["v1"], "operations": pod_operations, "resources": ["pods"],
              "scope": "Namespaced"},
+            # KubeRay's batch Jobs: the Ray object their pods serve, stamped at CREATE (raygate/core/identity.py).
+            {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": pod_operations, "resources": ["jobs"],
+             "scope": "Namespaced"},
         ],
         "namespaceSelector": namespace_selector(),
         "sideEffects": "None",

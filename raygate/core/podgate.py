@@ -76,12 +76,52 @@ def _by_admission(toleration: Any, requested: Mapping[str, Any]) -> bool:
     return (key in _ADMISSION_TOLERATED and effect == "NoExecute") or (key in requested and effect == "NoSchedule")
 
 
+def _without_merged_keys(term: Any, merged: tuple[tuple[str, str], ...]) -> Any:
+    """A topology spread constraint or pod (anti-)affinity term without the selector requirements the API server
+    merges into a pod at creation: for each key of matchLabelKeys (operator In) and mismatchLabelKeys (NotIn),
+    `key <op> [the pod's value of that label]` (kubernetes pkg/registry/core/pod/strategy.go, PrepareForCreate:
+    mutateTopologySpreadConstraints and mutatePodAffinity, v1.36). The template has the keys, not the values."""
+    if not isinstance(term, Mapping):
+        return term
+    drop = {(key, op) for field, op in merged for key in (term.get(field) or []) if isinstance(key, str)}
+    expressions = get(term, ("labelSelector", "matchExpressions"))
+    if not drop or not isinstance(expressions, list):
+        return term
+    kept = [e for e in expressions if not (isinstance(e, Mapping) and (e.get("key"), e.get("operator")) in drop
+                                           and isinstance(e.get("values"), list) and len(e["values"]) == 1)]
+    return {**term, "labelSelector": {**term["labelSelector"], "matchExpressions": kept}}
+
+
+_SPREAD_KEYS = (("matchLabelKeys", "In"),)
+_AFFINITY_KEYS = (("matchLabelKeys", "In"), ("mismatchLabelKeys", "NotIn"))
+
+
+def _as_created(view: JSON) -> JSON:
+    """The placement fields with what the API server derives at pod creation taken out again."""
+    if isinstance(spread := view.get("topologySpreadConstraints"), list):
+        view["topologySpreadConstraints"] = [pruned(_without_merged_keys(c, _SPREAD_KEYS)) for c in spread]
+    for kind in ("podAffinity", "podAntiAffinity"):
+        terms = get(view, ("affinity", kind))
+        if not isinstance(terms, Mapping):
+            continue
+        out = dict(terms)
+        if isinstance(required := terms.get("requiredDuringSchedulingIgnoredDuringExecution"), list):
+            out["requiredDuringSchedulingIgnoredDuringExecution"] = [
+                pruned(_without_merged_keys(t, _AFFINITY_KEYS)) for t in required]
+        if isinstance(preferred := terms.get("preferredDuringSchedulingIgnoredDuringExecution"), list):
+            out["preferredDuringSchedulingIgnoredDuringExecution"] = [
+                {**w, "podAffinityTerm": pruned(_without_merged_keys(w.get("podAffinityTerm"), _AFFINITY_KEYS))}
+                if isinstance(w, Mapping) else w for w in preferred]
+        view["affinity"] = {**view["affinity"], kind: out}
+    return view
+
+
 def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
     """Pods and the PodTemplate of a pod set agree here exactly when a booking for the one covers the
     other: same managed request per pod, same node selection. (KubeRay adds containers of its own, its
     autoscaler sidecar and an init container, that ask for no managed resource; the API server fills in
-    a default scheduler and tolerations of its own.)"""
-    view = fields_view(spec, MATCHED_FIELDS)
+    a default scheduler and tolerations of its own, and merges matchLabelKeys into label selectors.)"""
+    view = _as_created(fields_view(spec, MATCHED_FIELDS))
     if view.get("schedulerName") == DEFAULT_SCHEDULER:
         del view["schedulerName"]
     if "tolerations" in view:

@@ -400,6 +400,9 @@ class ControlPlane:
             f"--controllers={','.join(controllers)}",
             f"--root-ca-file={p / 'ca.crt'}",
             f"--service-account-private-key-file={p / 'sa.key'}",
+            # Each controller under its own ServiceAccount of kube-system, as kubeadm and managed clusters run
+            # them: raygate tells the Job controller's and the garbage collector's requests by that name.
+            "--use-service-account-credentials=true",
             "--concurrent-gc-syncs=5",
             *(keys.GANG_CONTROLLER_MANAGER_FLAGS if gang_scheduling(state) else ()),
         ])

@@ -1,8 +1,10 @@
 """The gate holds: tried as an untrusted data scientist would, no GPU Ray pod runs without booked capacity.
 
-Alice has a namespaced Role with every verb on RayJobs and RayClusters (and read access to pods): edit
-rights on Ray objects and nothing else. She acts through `kubectl --as alice`, so the API server
-authorizes her as her Role says and raygate sees her username. The webhook and reconciler run as real
+Two users, as clusters have them. Alice has a namespaced Role with every verb on RayJobs and RayClusters
+(and read access to pods): edit rights on Ray objects and nothing else. Bob has the same Role plus
+Kubernetes' built-in `edit` ClusterRole bound in the namespace, what most namespaces grant: he may create,
+edit and delete pods and batch Jobs too. Each acts through `kubectl --as`, so the API server authorizes
+them as their roles say and raygate sees their usernames. The webhook and reconciler run as real
 processes; the real KubeRay operator (under its own ServiceAccount's name) creates clusters and pods.
 The test plays cluster-autoscaler by patching ProvisioningRequest status, so exactly the capacity it
 books is known; the real autoscaler answers requests in test_capacity.py.
@@ -30,7 +32,7 @@ from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES
+from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES
 from raygate.core.api import provisioning_requests as _provisioning_requests
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
@@ -45,6 +47,8 @@ NS = {k: f"gate-{k}-{SUFFIX}" for k in ("main", "failed", "switch", "vswitch", "
 QUEUE = f"gate-queue-{SUFFIX}"
 PR = _provisioning_requests("v1")
 USER = "alice"
+POD_EDITOR = "bob"  # the built-in `edit` ClusterRole: pods and batch Jobs too
+OPERATOR = "system:serviceaccount:ray-system:kuberay-operator"
 GPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
 CPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
 PROVISIONED = {"Accepted": "True", "Provisioned": "True"}
@@ -78,7 +82,14 @@ apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata: {{name: data-scientist-alice, namespace: {ns}}}
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: data-scientist}}
-subjects: [{{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}}]
+subjects: [{{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}},
+           {{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: edit-bob, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}
+subjects: [{{kind: User, name: bob, apiGroup: rbac.authorization.k8s.io}}]
 """
 
 
@@ -88,27 +99,35 @@ class Env:
     kube: Kube
     webhook: LocalWebhook
 
-    def as_alice(self, *args: str, input_obj: JSON | None = None,
-                 check: bool = True) -> subprocess.CompletedProcess[str]:
-        """kubectl as the untrusted user; `check`: fail the test if the API server refuses."""
+    def as_user(self, user: str, *args: str, input_obj: JSON | None = None,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+        """kubectl as `user` (KubeRay's operator with its ServiceAccount's groups); `check`: fail the test if the
+        API server refuses."""
+        groups = ["--as-group", "system:serviceaccounts", "--as-group", "system:authenticated"] \
+            if user.startswith("system:serviceaccount:") else []
         proc = subprocess.run(
-            [str(self.cluster.bundle.binary("kubectl")), "--kubeconfig", str(self.cluster.kubeconfig), "--as", USER,
-             *args], input=json.dumps(input_obj) if input_obj is not None else None, capture_output=True, text=True,
-            timeout=60, check=False)
+            [str(self.cluster.bundle.binary("kubectl")), "--kubeconfig", str(self.cluster.kubeconfig), "--as", user,
+             *groups, *args], input=json.dumps(input_obj) if input_obj is not None else None, capture_output=True,
+            text=True, timeout=60, check=False)
         if check:
             assert proc.returncode == 0, proc.stderr
         return proc
 
-    def refused(self, *args: str, input_obj: JSON | None = None, says: str = "You may not") -> str:
-        """Alice's kubectl call must be refused by raygate's guard, with a message saying `says`."""
-        proc = self.as_alice(*args, input_obj=input_obj, check=False)
+    def as_alice(self, *args: str, input_obj: JSON | None = None,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        """kubectl as the untrusted user with edit rights on Ray objects only."""
+        return self.as_user(USER, *args, input_obj=input_obj, check=check)
+
+    def refused(self, *args: str, input_obj: JSON | None = None, says: str = "You may not", user: str = USER) -> str:
+        """The user's kubectl call must be refused by raygate's webhooks, with a message saying `says`."""
+        proc = self.as_user(user, *args, input_obj=input_obj, check=False)
         assert proc.returncode != 0, f"allowed: kubectl {' '.join(args)}"
-        assert "raygate" in proc.stderr or "You may not" in proc.stderr, proc.stderr
+        assert "raygate" in proc.stderr or "ou may not" in proc.stderr, proc.stderr
         assert says in proc.stderr, proc.stderr
         return proc.stderr
 
-    def create(self, ns: str, obj: JSON) -> JSON:
-        self.as_alice("create", "-n", ns, "-f", "-", input_obj=obj)
+    def create(self, ns: str, obj: JSON, user: str = USER) -> JSON:
+        self.as_user(user, "create", "-n", ns, "-f", "-", input_obj=obj)
         return self.get(ns, obj["kind"], obj["metadata"]["name"])
 
     def get(self, ns: str, kind: str, name: str) -> JSON:
@@ -197,20 +216,28 @@ def _gpus(pod: JSON) -> int:
     return n
 
 
-def _root(env: Env, ns: str, cluster_name: str) -> JSON | None:
-    """The object raygate gates for a RayCluster: its RayJob when KubeRay made it for one, else itself."""
+def _found(get: Any) -> JSON | None:
+    """The object, or None when the API server says it does not exist."""
     try:
-        rc = env.kube.get(RAYCLUSTERS, cluster_name, ns)
-    except Exception:
+        return get()  # type: ignore[no-any-return]
+    except ApiError as err:
+        if err.not_found:
+            return None
+        raise
+
+
+def _root(env: Env, ns: str, cluster_name: str) -> JSON | None:
+    """The object raygate books a RayCluster's pods for: its RayJob when KubeRay made it for one (the RayJob's
+    uid is recorded on it by then), else itself."""
+    rc = _found(lambda: env.kube.get(RAYCLUSTERS, cluster_name, ns))
+    if rc is None:
         return None
-    for ref in rc["metadata"].get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "RayJob":
-            try:
-                job = env.kube.get(RAYJOBS, ref["name"], ns)
-            except Exception:
-                continue
-            if job["metadata"]["uid"] == ref.get("uid"):
-                return job
+    parent = annotations(rc).get(keys.PARENT_ANNOTATION)
+    if parent:
+        _, name, uid = parent.split("/")
+        job = _found(lambda: env.kube.get(RAYJOBS, name, ns))
+        if job is not None and job["metadata"]["uid"] == uid:
+            return job
     return rc
 
 
@@ -239,17 +266,12 @@ def _root_of_pod(env: Env, ns: str, pod: JSON) -> JSON | None:
     ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
     if ref is None or ref.get("kind") != "Job":
         return None
-    try:
-        job = env.kube.get(JOBS, ref["name"], ns)
-    except ApiError:
-        return None
-    owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+    job = _found(lambda: env.kube.get(JOBS, ref["name"], ns))
+    owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None) \
+        if job is not None else None
     if owner is None or owner.get("kind") != "RayJob":
         return None
-    try:
-        return env.kube.get(RAYJOBS, owner["name"], ns)
-    except ApiError:
-        return None
+    return _found(lambda: env.kube.get(RAYJOBS, owner["name"], ns))
 
 
 def booked(env: Env, ns: str, obj: JSON) -> int:
@@ -283,10 +305,22 @@ def gpu_pods(env: Env, ns: str) -> Counter[tuple[str, str]]:
 
 def gate_violations(env: Env, ns: str) -> list[str]:
     bad = []
+    orphans: Counter[str] = Counter()  # pods whose Ray object is gone, by the booking each consumes
     for (kind, name), n in gpu_pods(env, ns).items():
-        have = booked(env, ns, env.get(ns, kind, name)) if kind != "orphan" else 0
+        if kind == "orphan":
+            pod = _found(lambda name=name: env.kube.get(PODS, name, ns))  # type: ignore[misc]
+            orphans[annotations(pod).get(keys.CONSUME_ANNOTATION, "") if pod else ""] += n
+            continue
+        have = booked(env, ns, env.get(ns, kind, name))
         if n > have:
             bad.append(f"{kind} {ns}/{name} has {n} ungated GPU pods but {have} booked")
+    # A pod whose Ray object is gone (deleted with --cascade=orphan) runs on the booking it consumes, and that
+    # booking stays while it runs.
+    for request, n in orphans.items():
+        pr = _found(lambda request=request: env.kube.get(PR, request, ns)) if request else None  # type: ignore[misc]
+        have = sum(int(ps["count"]) for ps in pr["spec"]["podSets"]) if pr is not None and provisioned(pr) else 0
+        if n > have:
+            bad.append(f"{n} ungated GPU pods of no Ray object consume {request or 'no booking'}, which books {have}")
     return bad
 
 
@@ -344,20 +378,28 @@ def merge(obj: JSON) -> str:
 
 # --- skips are decided by who asks ----------------------------------------------------------------
 
-def test_a_raycluster_that_claims_a_rayjob_parent_is_held(env: Env) -> None:
+@pytest.mark.parametrize("user", [USER, POD_EDITOR])
+def test_a_raycluster_that_claims_another_users_rayjob_as_parent_is_held_and_booked_as_its_own(
+        env: Env, user: str) -> None:
     ns = NS["main"]
-    parent = env.create(ns, rayjob("parent"))
-    claims = raycluster("claims-a-parent", labels={keys.ORIGINATED_FROM_CRD_LABEL: "RayJob",
-                                                   keys.ORIGINATED_FROM_NAME_LABEL: "parent",
-                                                   keys.STATE_LABEL: "Admitted"},
-                        annotations={keys.MODE_ANNOTATION: "provisioning"},
-                        ownerReferences=[{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "parent",
+    parent = env.create(ns, rayjob(f"parent-{user}"))
+    claims = raycluster(f"claims-{user}", group("gpu", 1, GPU),
+                        labels={keys.ORIGINATED_FROM_CRD_LABEL: "RayJob",
+                                keys.ORIGINATED_FROM_NAME_LABEL: f"parent-{user}", keys.STATE_LABEL: "Admitted"},
+                        annotations={keys.MODE_ANNOTATION: "provisioning",
+                                     keys.PARENT_ANNOTATION: f"RayJob/parent-{user}/{parent['metadata']['uid']}"},
+                        ownerReferences=[{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": f"parent-{user}",
                                           "uid": parent["metadata"]["uid"], "controller": True}])
     claims["spec"]["suspend"] = False
-    stored = env.create(ns, claims)
+    stored = env.create(ns, claims, user=user)
     assert stored["spec"]["suspend"] is True and state(stored) == "Pending"
-    current_request(env, ns, "RayCluster", "claims-a-parent")  # held as a job of its own: it needs a booking
-    assert pods_of(env, ns, "claims-a-parent", gpu_only=False) == []
+    assert keys.PARENT_ANNOTATION not in annotations(stored)  # raygate's record is raygate's to write
+    obj, _ = admit(env, ns, "RayCluster", f"claims-{user}")  # held as a job of its own: its own booking
+    wait_gated(env, ns, f"claims-{user}", 0, 1)
+    env.as_user(user, "patch", "raycluster", f"claims-{user}", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}]))
+    wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "its scale-up, booked in its own name")
+    assert requests_of(env, ns, parent, scale_ups=True) == []  # nothing in the other user's name
     assert_gate_holds(env, ns)
 
 
@@ -466,18 +508,26 @@ def test_a_submitter_pod_that_asks_for_gpus_is_gated_and_booked(env: Env) -> Non
     pr = current_request(env, ns, "RayJob", "submits")
     assert sorted(ps["count"] for ps in pr["spec"]["podSets"]) == [1, 2]  # the submitter's GPU is booked too
     job, _ = admit(env, ns, "RayJob", "submits")
-    for name in ("submits", "submits-again"):  # KubeRay's Job, and a second one nothing booked
-        env.kube.create(JOBS, {
-            "metadata": {"name": name, "labels": dict([keys.KUBERAY_CREATED_BY]), "ownerReferences": [
-                {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "submits", "uid": job["metadata"]["uid"],
-                 "controller": True}]},
-            "spec": {"backoffLimit": 0, "template": job["spec"]["submitterPodTemplate"]}}, ns)
 
-    def submitters() -> list[JSON]:
-        return [p for p in env.kube.list(PODS, ns, labelSelector="batch.kubernetes.io/job-name").get("items") or []
-                if p["metadata"]["labels"].get("batch.kubernetes.io/job-name") in ("submits", "submits-again")]
-    wait(lambda: sorted(gated(p) for p in submitters()) == [False, True], 60,
+    def submitter_job(name: str) -> JSON:
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": name, "labels": dict([keys.KUBERAY_CREATED_BY]), "ownerReferences": [
+                    {"apiVersion": "ray.io/v1", "kind": "RayJob", "name": "submits", "uid": job["metadata"]["uid"],
+                     "controller": True}]},
+                "spec": {"backoffLimit": 0, "template": job["spec"]["submitterPodTemplate"]}}
+    # Bob may create Jobs: one that claims the RayJob, to take its submitter's booking, is refused.
+    env.refused("create", "-n", ns, "-f", "-", input_obj=submitter_job("forged"), user=POD_EDITOR,
+                says="only KubeRay makes a Ray object's Jobs")
+    for name in ("submits", "submits-again"):  # KubeRay's Job, and a second one nothing booked
+        env.as_user(OPERATOR, "create", "-n", ns, "-f", "-", input_obj=submitter_job(name))
+
+    def submitters() -> dict[str, JSON]:
+        return {p["metadata"]["labels"]["batch.kubernetes.io/job-name"]: p for p in env.kube.list(
+            PODS, ns, labelSelector="batch.kubernetes.io/job-name in (submits,submits-again)").get("items") or []}
+    wait(lambda: {n: gated(p) for n, p in submitters().items()} == {"submits": False, "submits-again": True}, 60,
          "one submitter pod released into its booking, the other gated")
+    assert annotations(submitters()["submits"])[keys.RAY_OWNER_ANNOTATION] == \
+        f"RayJob/submits/{job['metadata']['uid']}/{keys.SUBMITTER_TASK}"
     assert_gate_holds(env, ns)
 
 
@@ -517,6 +567,151 @@ def test_admitted_then_suspended_by_its_user_waits_for_capacity_again(env: Env) 
     second = current_request(env, ns, "RayCluster", "pauser")
     assert second["metadata"]["name"] != first["metadata"]["name"]
     assert_gate_holds(env, ns)
+
+
+# --- a pod's Ray identity is decided when it is created --------------------------------------------------
+
+def scaled_up(env: Env, name: str, booked_n: int, total: int, user: str = USER) -> JSON:
+    """An admitted RayCluster of `booked_n` booked GPU workers raised to `total`: the rest wait gated."""
+    ns = NS["main"]
+    env.create(ns, raycluster(name, group("gpu", booked_n, GPU)), user=user)
+    obj, _ = admit(env, ns, "RayCluster", name)
+    wait_gated(env, ns, name, 0, booked_n)
+    env.as_user(user, "patch", "raycluster", name, "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": total}]))
+    wait_gated(env, ns, name, total - booked_n, booked_n)
+    return obj
+
+
+@pytest.mark.parametrize("user", [USER, POD_EDITOR])
+def test_orphaning_a_raycluster_releases_none_of_its_pods_and_keeps_the_booking_its_pods_use(
+        env: Env, user: str) -> None:
+    ns, name = NS["main"], f"orphaned-{user}"
+    obj = scaled_up(env, name, 1, 4, user)
+    pods = {p["metadata"]["name"]: gated(p) for p in pods_of(env, ns, name)}
+    gang = requests_of(env, ns, obj, scale_ups=False)[0]["metadata"]["name"]
+    env.as_user(user, "delete", "raycluster", name, "-n", ns, "--cascade=orphan", "--wait=true", "--timeout=60s")
+    wait(lambda: all(not p["metadata"].get("ownerReferences") for p in pods_of(env, ns, name)), 60,
+         "the garbage collector to strip the pods' owners")
+    # Its owner is gone, not its identity: the 3 gated pods stay gated, the booked one keeps its booking.
+    consistently(lambda: {p["metadata"]["name"]: gated(p) for p in pods_of(env, ns, name)} == pods, 4,
+                 "no pod released, and none gone")
+    assert _found(lambda: env.kube.get(PR, gang, ns)) is not None
+    assert_gate_holds(env, ns)
+    events = wait(lambda: [e for e in env.kube.list(EVENTS, ns).get("items") or []
+                           if e["reason"] == "RayObjectCannotBook" and e["involvedObject"]["name"] in pods], 30,
+                  "a reason on the gated pods")
+    assert "is gone" in events[0]["message"]
+    # The booked pod ends: its booking (orphaned with it) goes, and nothing of the cluster is left behind.
+    for pod in pods:
+        env.kube.delete(PODS, pod, ns, grace_period_seconds=0)
+    wait(lambda: _found(lambda: env.kube.get(PR, gang, ns)) is None, 60, "the orphaned booking to go with its pod")
+    wait(lambda: not [o for kind in (PR, PODTEMPLATES) for o in env.kube.list(kind, ns).get("items") or []
+                      if annotations(o).get(keys.RAY_OWNER_ANNOTATION, "").startswith(f"RayCluster/{name}/")], 60,
+         "no orphaned child object")
+
+
+EDITS = {
+    "relabel-group": ([{"op": "replace", "path": "/metadata/labels/ray.io~1group", "value": "other"}],
+                      f"label {keys.RAY_GROUP_LABEL}"),
+    "remove-node-type": ([{"op": "remove", "path": "/metadata/labels/ray.io~1node-type"}],
+                         f"label {keys.RAY_NODE_TYPE_LABEL}"),
+    "null-owners": ([{"op": "replace", "path": "/metadata/ownerReferences", "value": []}], "ownerReferences"),
+    "drop-booking": ([{"op": "remove", "path": "/metadata/annotations/autoscaling.x-k8s.io~1consume-provisioning-"
+                                              "request"}], f"annotation {keys.CONSUME_ANNOTATION}"),
+    "rewrite-identity": ([{"op": "replace", "path": "/metadata/annotations/raygate.io~1ray-owner",
+                           "value": "RayCluster/x/y/gpu"}], f"annotation {keys.RAY_OWNER_ANNOTATION}"),
+}
+
+
+def test_a_user_with_edit_on_pods_cannot_edit_a_ray_pods_identity_away(env: Env) -> None:
+    ns, name = NS["main"], "identity"
+    scaled_up(env, name, 1, 2, POD_EDITOR)
+    released_pod = next(p["metadata"]["name"] for p in pods_of(env, ns, name) if not gated(p))
+    gated_pod = next(p["metadata"]["name"] for p in pods_of(env, ns, name) if gated(p))
+    for edit, (ops, says) in EDITS.items():
+        for pod in (released_pod, gated_pod):
+            if edit == "drop-booking" and pod == gated_pod:
+                continue  # a gated pod consumes nothing yet
+            env.refused("patch", "pod", pod, "-n", ns, "--type", "json", "-p", json.dumps(ops),
+                        user=POD_EDITOR, says=says)
+        assert_gate_holds(env, ns, seconds=1)
+    # With edit rights on Ray objects only, pods are not Alice's to change at all (RBAC says so first).
+    denied = env.as_alice("label", "pod", released_pod, "-n", ns, f"{keys.RAY_GROUP_LABEL}=other", "--overwrite",
+                          check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
+    # What a user may do to a pod still works: delete it. KubeRay makes it again, and it takes the freed slot.
+    env.as_user(POD_EDITOR, "delete", "pod", released_pod, "-n", ns, "--wait=true")
+    wait_gated(env, ns, name, 1, 1)
+    assert_gate_holds(env, ns)
+
+
+@pytest.mark.parametrize("claim", ["owner-reference", "ray-labels", "unreadable-and-owned"])
+def test_a_pod_a_user_creates_to_claim_another_users_ray_object_is_refused(env: Env, claim: str) -> None:
+    ns, victim = NS["main"], f"victim-{claim}"
+    obj = env.create(ns, raycluster(victim, group("gpu", 1, GPU)))
+    pod: JSON = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"claims-{claim}"},
+                 "spec": {"containers": [{"name": "c", "image": "ray", "resources": GPU}]}}
+    if claim in ("owner-reference", "unreadable-and-owned"):
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": victim,
+                                               "uid": obj["metadata"]["uid"], "controller": True}]
+    if claim == "ray-labels":
+        pod["metadata"]["labels"] = {keys.RAY_CLUSTER_LABEL: victim, keys.RAY_GROUP_LABEL: "gpu",
+                                     keys.RAY_NODE_TYPE_LABEL: "worker"}
+    if claim == "unreadable-and-owned":
+        pod["spec"]["containers"][0]["resources"] = {"limits": {**GPU["limits"], "memory": "100E"}}
+    env.refused("create", "-n", ns, "-f", "-", input_obj=pod, user=POD_EDITOR,
+                says="only KubeRay makes a Ray cluster's pods")
+    admit(env, ns, "RayCluster", victim)
+    wait_gated(env, ns, victim, 0, 1)  # the victim's own pod takes its own slot
+    assert_gate_holds(env, ns)
+
+
+def test_placement_the_api_server_rewrites_at_pod_creation_still_finds_its_booking(env: Env) -> None:
+    """kube-apiserver merges matchLabelKeys into a new pod's topology spread selector (and pod affinity terms):
+    the pods differ from their template there, and must still be released into the booking made from it."""
+    ns = NS["main"]
+    spread = group("gpu", 2, GPU)
+    spread["template"]["spec"]["topologySpreadConstraints"] = [{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": {keys.RAY_NODE_TYPE_LABEL: "worker"}}, "matchLabelKeys": ["ray.io/group"]}]
+    spread["template"]["spec"]["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "matchLabelKeys": ["ray.io/cluster"],
+                                          "labelSelector": {"matchLabels": {keys.RAY_NODE_TYPE_LABEL: "head"}}}}]}}
+    env.create(ns, raycluster("spread", spread))
+    admit(env, ns, "RayCluster", "spread")
+    wait_gated(env, ns, "spread", 0, 2)
+    merged = pods_of(env, ns, "spread")[0]["spec"]["topologySpreadConstraints"][0]["labelSelector"]
+    assert merged.get("matchExpressions"), merged  # the API server did rewrite it
+    assert_gate_holds(env, ns)
+
+
+def test_placement_edits_in_a_row_book_only_the_pods_they_make(env: Env) -> None:
+    ns = NS["main"]
+    obj = scaled_up(env, "moving", 1, 1)
+    for zone in range(6):
+        env.as_alice("patch", "raycluster", "moving", "-n", ns, "--type", "json", "-p", json.dumps(
+            [{"op": "add", "path": "/spec/workerGroupSpecs/0/template/spec/nodeSelector",
+              "value": {"zone": f"z{zone}"}}]))
+    consistently(lambda: requests_of(env, ns, obj, scale_ups=True) == [], 3,
+                 "no scale-up: KubeRay keeps the pod it has, so the edits make no pod")
+    env.as_alice("patch", "raycluster", "moving", "-n", ns, "--type", "json", "-p", json.dumps(
+        [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}]))
+    ups = wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "a scale-up for the pod the raise makes")
+    assert [ps["count"] for pr in ups for ps in pr["spec"]["podSets"]] == [1]
+    templates = [t for t in env.kube.list(PODTEMPLATES, ns).get("items") or []
+                 if annotations(t).get(keys.RAY_OWNER_ANNOTATION, "").startswith("RayCluster/moving/")]
+    assert len(templates) == 2  # the gang's and the scale-up's: none left over from the edits
+    assert_gate_holds(env, ns)
+
+
+def test_a_rayjob_on_an_existing_cluster_with_a_gpu_submitter_is_refused_at_create(env: Env) -> None:
+    obj = (RayJob("on-shared", None).without_cluster_spec().cluster_selector(**{keys.RAY_CLUSTER_LABEL: "shared"})
+           .obj())
+    obj["spec"]["submitterPodTemplate"] = {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "submit", "image": "ray", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+    env.refused("create", "-n", NS["main"], "-f", "-", input_obj=obj, says="remove the GPUs from "
+                "spec.submitterPodTemplate")
 
 
 # --- held and failed objects ----------------------------------------------------------------------

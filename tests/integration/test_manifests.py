@@ -448,8 +448,9 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "get list watch", ("configmaps",), SYS),
     *_cases((RC,), "get list watch", ("namespaces",), CLUSTER),
     # Bookings live as long as their pods; DRA claims are counted from their templates.
-    *_cases((RC,), "list watch", ("pods", "jobs.batch", "resourceclaimtemplates.resource.k8s.io"), ALL),
+    *_cases((RC,), "list watch", ("pods", "resourceclaimtemplates.resource.k8s.io"), ALL),
     *_cases((RC,), "get patch", ("pods",), ML),
+    *_cases((RC,), "get", ("jobs.batch",), ML),  # a pod of a Job from before raygate stamped Jobs
 ]
 
 DENIED: list[Case] = [
@@ -471,6 +472,7 @@ DENIED: list[Case] = [
     *_cases(BOTH, "create delete update", ("pods",), ML),
     *_cases((WH,), "patch", ("pods",), ML),
     *_cases(BOTH, "create update patch delete", ("jobs.batch",), ML),
+    *_cases((RC,), "list watch", ("jobs.batch",), ALL),  # Jobs are read one at a time, only for old pods
     *_cases((WH,), "list watch", ("pods",), ALL),
     *_cases(BOTH, "create update delete", ("resourceclaimtemplates.resource.k8s.io",), ML),
     *_cases(BOTH, "update delete", ("configmaps",), SYS),

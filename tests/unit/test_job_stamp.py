@@ -70,3 +70,14 @@ def test_nobody_but_raygate_changes_the_stamp() -> None:
 
 def test_jobs_outside_opted_in_namespaces_are_left_alone() -> None:
     assert mutate(request(job(), OPERATOR), {}, config()).outcome == "skipped-namespace"
+
+
+def test_a_gpu_job_a_user_creates_claiming_a_ray_object_is_refused() -> None:
+    forged = job()
+    forged["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    d = mutate(request(forged, "bob"), OPTED_IN, config())
+    assert not d.allowed and d.code == 403 and "only KubeRay makes a Ray object's Jobs" in (d.message or "")
+    assert mutate(request(forged, OPERATOR), OPTED_IN, config()).allowed
+    mine = job(owner=None)
+    mine["spec"]["template"] = forged["spec"]["template"]
+    assert stamp(stamped(mine, "bob")) == identity.NO_RAY_OWNER  # a GPU Job of his own: not a Ray object's

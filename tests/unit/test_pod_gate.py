@@ -259,3 +259,30 @@ def test_no_pod_in_a_namespace_that_books_may_be_given_a_booking_later() -> None
     booked = copy.deepcopy(cpu)
     booked["metadata"].setdefault("annotations", {})[keys.CONSUME_ANNOTATION] = "someone-elses-request"
     assert not update(cpu, booked).allowed
+
+
+def test_selectors_the_api_server_merges_into_a_pod_at_creation_do_not_change_what_booking_covers_it() -> None:
+    """kube-apiserver merges `key In [value]` (matchLabelKeys) and `key NotIn [value]` (mismatchLabelKeys) into a
+    new pod's label selectors, from the pod's own labels: the template a booking was made from has only the keys."""
+    spread = {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule",
+              "labelSelector": {"matchLabels": {"ray.io/cluster": "c"}}, "matchLabelKeys": ["ray.io/group"]}
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "ray"}},
+            "matchLabelKeys": ["ray.io/cluster"], "mismatchLabelKeys": ["team"]}
+    template = {"containers": [container("w", limits=GPU)], "topologySpreadConstraints": [spread],
+                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+                             "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                                 {"weight": 1, "podAffinityTerm": term}]}}}
+    merged_term = {**term, "labelSelector": {"matchLabels": {"app": "ray"}, "matchExpressions": [
+        {"key": "ray.io/cluster", "operator": "In", "values": ["c"]},
+        {"key": "team", "operator": "NotIn", "values": ["vision"]}]}}
+    created = {**template,
+               "topologySpreadConstraints": [{**spread, "labelSelector": {
+                   "matchLabels": {"ray.io/cluster": "c"},
+                   "matchExpressions": [{"key": "ray.io/group", "operator": "In", "values": ["gpu"]}]}}],
+               "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [merged_term]},
+                            "podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                                {"weight": 1, "podAffinityTerm": merged_term}]}}}
+    managed = {"nvidia.com/gpu": 1}
+    assert podgate.match_digest(created, managed) == podgate.match_digest(template, managed)
+    other = {**template, "topologySpreadConstraints": [{**spread, "topologyKey": "rack"}]}
+    assert podgate.match_digest(other, managed) != podgate.match_digest(template, managed)
