@@ -125,7 +125,7 @@ def pod_template(w: Workload, pod_set: PodSet, manages: Manages) -> JSON:
 
 
 def templated(meta: JSON, pod_set: str, template: JSON, managed: q.Resources) -> JSON:
-    meta["annotations"] = {keys.POD_SET_ANNOTATION: pod_set,
+    meta["annotations"] |= {keys.POD_SET_ANNOTATION: pod_set,
                            keys.PLACEMENT_ANNOTATION: podgate.match_digest(template.get("spec"), managed)}
     return {"metadata": meta, "template": template}
 
@@ -159,7 +159,7 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
     if params:
         spec["parameters"] = params
     meta = child_metadata(w, request_name(w, attempt, pod_sets_fingerprint))
-    meta["annotations"] = {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
+    meta["annotations"] |= {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
     return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": ChildKind.PROVISIONING_REQUEST.value,
             "metadata": meta, "spec": spec}
 
@@ -181,7 +181,7 @@ def scale_up_request(w: Workload, pod_set: str, template: str, count: int, exist
     (the requests the object had, and the count), so a replay after a crash finds the same name."""
     suffix = f"-{short_hash(_job_hash(w), pod_set, template, str(count), *sorted(existing))}-s"
     meta = child_metadata(w, _dns(w.name, MAX_NAME - len(suffix)) + suffix)
-    meta["annotations"] = {keys.SCALE_UP_ANNOTATION: pod_set}
+    meta["annotations"] |= {keys.SCALE_UP_ANNOTATION: pod_set}
     spec: JSON = {"provisioningClassName": policy.provisioning.scale_up_class_name,
                   "podSets": [{"podTemplateRef": {"name": template}, "count": count}]}
     if params := parameters(w, policy):

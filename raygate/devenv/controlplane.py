@@ -42,6 +42,9 @@ CONTROLLERS = (
     # their deletion, so without it they stay Terminating for good.
     "pod-garbage-collector-controller",
     "job-controller",  # KubeRay's batch Jobs: without it the K8sJobMode submitter pod never exists
+    # The built-in `edit` and `view` ClusterRoles get their rules from the roles aggregated into them: without
+    # it they grant nothing, and users act with less than clusters give them.
+    "clusterrole-aggregation-controller",
 )
 
 # The audit policy of `up(audit=True)`: writes only, metadata only, Lease renewals left out.

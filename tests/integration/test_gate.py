@@ -604,7 +604,7 @@ def test_orphaning_a_raycluster_releases_none_of_its_pods_and_keeps_the_booking_
     assert "is gone" in events[0]["message"]
     # The booked pod ends: its booking (orphaned with it) goes, and nothing of the cluster is left behind.
     for pod in pods:
-        env.kube.delete(PODS, pod, ns, grace_period_seconds=0)
+        env.kube.delete(PODS, pod, ns)  # unbound (no scheduler here): gone at once
     wait(lambda: _found(lambda: env.kube.get(PR, gang, ns)) is None, 60, "the orphaned booking to go with its pod")
     wait(lambda: not [o for kind in (PR, PODTEMPLATES) for o in env.kube.list(kind, ns).get("items") or []
                       if annotations(o).get(keys.RAY_OWNER_ANNOTATION, "").startswith(f"RayCluster/{name}/")], 60,

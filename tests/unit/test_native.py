@@ -410,7 +410,8 @@ def test_the_increment_group_is_made_before_its_pods_are_released_with_their_cou
     group = plan.actions[0].obj  # type: ignore[union-attr]
     assert group["metadata"]["name"] == "k1"
     assert group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 2}}}
-    assert group["metadata"]["annotations"] == {keys.SCALE_UP_ANNOTATION: "gpu"}
+    assert group["metadata"]["annotations"] == {keys.SCALE_UP_ANNOTATION: "gpu",
+                                                keys.RAY_OWNER_ANNOTATION: "RayJob/train/u1"}  # its job, if orphaned
 
 
 def test_an_increment_none_of_whose_pods_is_left_goes() -> None:

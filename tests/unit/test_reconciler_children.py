@@ -112,7 +112,8 @@ def test_fingerprint_survives_what_a_typed_client_writes_back() -> None:
 def test_request_records_the_fingerprint_of_what_it_books() -> None:
     w = rayjob()
     pr = request_for(w, gpu_sets(w), policy(), 1, "v1")
-    assert pr["metadata"]["annotations"] == {keys.POD_SETS_ANNOTATION: children.fingerprint(w, gpu_sets(w))}
+    assert pr["metadata"]["annotations"] == {keys.POD_SETS_ANNOTATION: children.fingerprint(w, gpu_sets(w)),
+                                             keys.RAY_OWNER_ANNOTATION: f"RayJob/{w.name}/{w.uid}"}
 
 
 def test_owner_reference_is_the_controlling_job() -> None:
@@ -227,3 +228,15 @@ def test_the_pod_group_waits_for_an_open_queue(queue: dict[str, Any] | None, is_
     assert (problem is None) is is_open
     if problem is not None:
         assert "team-a" in problem and words in problem
+
+
+
+def test_every_child_records_its_job_where_the_garbage_collector_cannot_strip_it() -> None:
+    """`kubectl delete --cascade=orphan` strips the owner references of a job's children: they are still
+    raygate's to delete, once no pod consumes their booking."""
+    w = rayjob()
+    pr = request_for(w, gpu_sets(w), policy(), 1, "v1")
+    orphaned = {**pr, "metadata": {**pr["metadata"], "ownerReferences": []}}
+    assert children.controller_key(orphaned) == ("RayJob", w.namespace, w.name)
+    assert children.owner_of(orphaned) == children.owner_of(pr)
+    assert children.controller_key({"metadata": {"namespace": "ns", "name": "x"}}) is None

@@ -154,7 +154,7 @@ class Native(ModeRules, GroupRules):
     def increment_objects(self, w: Workload, name: str, pod_set: str, pods: int,
                           served: Served) -> list[tuple[ChildKind, JSON]]:
         meta = child_metadata(w, name)
-        meta["annotations"] = {keys.SCALE_UP_ANNOTATION: pod_set}
+        meta["annotations"] |= {keys.SCALE_UP_ANNOTATION: pod_set}
         return [(ChildKind.GANG_POD_GROUP, {"apiVersion": self._version(served), "kind": "PodGroup", "metadata": meta,
                                             "spec": {"schedulingPolicy": {"gang": {"minCount": pods}}}})]
 
