@@ -22,7 +22,8 @@ from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
 from raygate.core.errors import RaygateError
-from raygate.core.modes import Mode, group_rules, rules_for
+from raygate.core.keys import Mode
+from raygate.core.modes import group_rules, rules_for
 from raygate.core.objects import metadata
 from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
 

@@ -19,7 +19,8 @@ from pydantic.alias_generators import to_camel
 
 from raygate.core import keys, quantity
 from raygate.core.api import OFFLINE, Served
-from raygate.core.modes import Mode, recorded_mode, rules_for
+from raygate.core.keys import Mode
+from raygate.core.modes import recorded_mode, rules_for
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
 # GPUs as the device plugins name them: NVIDIA's whole GPUs and its MIG slices (one resource per slice

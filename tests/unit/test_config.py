@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from raygate.core import keys
-from raygate.core.modes import Mode, rules_for
+from raygate.core.keys import Mode
+from raygate.core.modes import rules_for
 from raygate.core.policy import ConfigError, RaygateConfig, parse_config
 from raygate.kube.configsource import ConfigSource
 

@@ -17,7 +17,7 @@ import pytest
 from builders import RayCluster, RayJob, config, container, gpu_job, pod_template, request
 
 from raygate.core import keys
-from raygate.core.modes import Mode
+from raygate.core.keys import Mode
 from raygate.core.patch import pointer
 from raygate.core.policy import KUBERAY_OPERATOR_USER, NamespacePolicy, RaygateConfig
 from raygate.core.workload import Workload

@@ -11,7 +11,8 @@ import pytest
 from builders import gpu_job
 
 from raygate.core import keys
-from raygate.core.modes import RULES, Mode, group_rules, rules_for, volcano
+from raygate.core.keys import Mode
+from raygate.core.modes import RULES, group_rules, rules_for, volcano
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import NamespacePolicy, merge_override, parse_config
 from raygate.core.workload import Workload

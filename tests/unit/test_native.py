@@ -15,8 +15,8 @@ from plans import applied, kinds
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
-from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupSpec, Mode, group_rules, native, rules_for
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes import GroupSpec, group_rules, native, rules_for
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, parse_config
 from raygate.core.workload import Workload

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import keys
+from raygate.core.keys import Mode
 from raygate.core.modes import kueue, native, provisioning, volcano
-from raygate.core.modes.base import NO_MEMBERS, GroupRules, GroupSpec, Members, Mode, ModeRules, NoMembers, Prerequisite
+from raygate.core.modes.base import NO_MEMBERS, GroupRules, GroupSpec, Members, ModeRules, NoMembers, Prerequisite
 
-__all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "Members", "Mode", "ModeRules", "NoMembers",
+__all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "Members", "ModeRules", "NoMembers",
            "Prerequisite", "all_group_rules", "decided_labels", "group_rules", "recorded_mode", "rules_for",
            "template_annotations"]
 

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from raygate.core import keys, queue_labels
-from raygate.core.modes.base import Mode, ModeRules
+from raygate.core.keys import Mode
+from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
 from raygate.core.workload import Gang, Workload
 

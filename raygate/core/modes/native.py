@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from raygate.core import api, booking, keys
 from raygate.core.api import Resource, Served
-from raygate.core.keys import ChildKind
-from raygate.core.modes.base import GroupRules, GroupSpec, Members, Mode, ModeRules
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes.base import GroupRules, GroupSpec, Members, ModeRules
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from raygate.core import booking, keys
-from raygate.core.modes.base import Mode, ModeRules
+from raygate.core.keys import Mode
+from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
 from raygate.core.workload import Gang, Workload
 

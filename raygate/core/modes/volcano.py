@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from raygate.core import api, booking, keys, queue_labels
 from raygate.core import quantity as q
 from raygate.core.api import Resource, Served
-from raygate.core.keys import ChildKind
-from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes.base import GroupRules, GroupSpec, ModeRules, Prerequisite
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder
