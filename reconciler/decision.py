@@ -23,7 +23,17 @@ from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, recorded_mode, rules_for
+from raygate.core.modes import (
+    GroupRules,
+    GroupsAtThePod,
+    GroupSpec,
+    GroupsWithDrift,
+    GroupsWithPrerequisite,
+    Prerequisite,
+    group_rules,
+    recorded_mode,
+    rules_for,
+)
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
@@ -113,7 +123,8 @@ def _stopped_groups(w: Workload, obs: Observed) -> list[Action]:
 def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
     """What the controller must read before deciding (a mode's group still to create may need it), or None."""
     rules = group_rules(policy.recorded_mode(w.annotations))
-    if rules is None or w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.groups:
+    if not isinstance(rules, GroupsWithPrerequisite) or w.labels.get(keys.STATE_LABEL) != keys.State.PENDING \
+            or obs.groups:
         return None
     try:
         return rules.prerequisite(rules.recorded(w))
@@ -341,7 +352,7 @@ def _ensure_group(w: Workload, obs: Observed, policy: NamespacePolicy, spec: Gro
     missing = [(kind, obj) for kind, obj in rules.group_objects(w, spec, obs.served) if kind not in have]
     if not missing:
         return None
-    if not mine:
+    if not mine and isinstance(rules, GroupsWithPrerequisite):
         problem = rules.prerequisite_problem(spec, obs.prerequisite)
         if problem is not None:
             _hold(w, problem, rules.prerequisite_reason, plan, problem)
@@ -549,7 +560,7 @@ def _group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Pla
     does, to its own counts): stop the job rather than let the scheduler run another gang than the one
     admitted, and delete the group, so that a new start makes it afresh."""
     rules = group_rules(policy.mode)
-    if rules is None:
+    if not isinstance(rules, GroupsWithDrift):
         return None
     try:
         spec = rules.recorded(w)
@@ -597,7 +608,8 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
     desired = _desired(w, obs, policy)
-    rules = group_rules(policy.mode)
+    group = group_rules(policy.mode)
+    rules = group if isinstance(group, GroupsAtThePod) else None
     made = frozenset(_name(g) for g in obs.groups if not _deleting(g))
     closing = frozenset(_name(g) for g in obs.groups if _deleting(g))
     g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
@@ -634,7 +646,7 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
 
 
-def _increments(w: Workload, obs: Observed, rules: GroupRules, g: gating.GatePlan, made: frozenset[str]
+def _increments(w: Workload, obs: Observed, rules: GroupsAtThePod, g: gating.GatePlan, made: frozenset[str]
                 ) -> list[Action]:
     """The groups of the pods released now that name one raygate has not made (a scale-up's increment, named by
     the pod webhook), made before their gates are lifted, with minCount = the pods released into them; and the

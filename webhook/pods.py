@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import dra, keys, podgate
-from raygate.core.modes import NO_MEMBERS, Members, all_group_rules
+from raygate.core.modes import NO_MEMBERS, Members, all_groups_at_the_pod
 from raygate.core.objects import get, labels
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
@@ -35,7 +35,7 @@ def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
 def _in_group(pod: Mapping[str, object]) -> bool:
     """A pod of a gang that some mode schedules through a group (its template says which, whatever the
     namespace's mode is now: a job keeps the mode it was admitted under)."""
-    return any(r.names_group(pod) is not None for r in all_group_rules())
+    return any(r.names_group(pod) is not None for r in all_groups_at_the_pod())
 
 
 def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
@@ -59,7 +59,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     b = PatchBuilder(pod)
     if gated:
         podgate.gate(b, pod)
-    for rules in all_group_rules():
+    for rules in all_groups_at_the_pod():
         rules.pod_patch(b, pod, namespace, gated, members)
     outcome = ("gated" if gated else "grouped") if b.ops else "unchanged"
     return Decision(allowed=True, outcome=outcome, patch=b.ops, mode=policy.mode)
@@ -75,7 +75,7 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
     if request.get("operation") == "CREATE":
         # Validation runs after every mutating webhook (and after the API server dropped the fields it does not
         # serve): the pod must be stored gated, and in its group.
-        for rules in all_group_rules():
+        for rules in all_groups_at_the_pod():
             if (problem := rules.pod_problem(pod)) is not None:
                 return refuse(problem, mode=policy.mode)
         if not podgate.gates_pods(policy):

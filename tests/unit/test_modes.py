@@ -12,7 +12,16 @@ from builders import gpu_job
 
 from raygate.core import keys
 from raygate.core.keys import Mode
-from raygate.core.modes import RULES, group_rules, rules_for, volcano
+from raygate.core.modes import (
+    RULES,
+    GroupRules,
+    GroupsAtThePod,
+    GroupsWithDrift,
+    GroupsWithPrerequisite,
+    group_rules,
+    rules_for,
+    volcano,
+)
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import NamespacePolicy, merge_override, parse_config
 from raygate.core.workload import Workload
@@ -37,15 +46,27 @@ def test_every_mode_has_rules() -> None:
     assert all(rules_for(m).mode is m for m in Mode)
 
 
-@pytest.mark.parametrize(("mode", "holds"), [(Mode.PROVISIONING, True), (Mode.VOLCANO, True), (Mode.KUEUE, False)])
+@pytest.mark.parametrize(("mode", "holds"), [(Mode.PROVISIONING, True), (Mode.VOLCANO, True), (Mode.KUEUE, False),
+                                             (Mode.NATIVE, True)])
 def test_raygate_holds_jobs_in_every_mode_but_kueue(mode: Mode, holds: bool) -> None:
     assert rules_for(mode).holds is holds
 
 
-@pytest.mark.parametrize(("mode", "has_group"), [(Mode.PROVISIONING, False), (Mode.KUEUE, False),
-                                                 (Mode.VOLCANO, True)])
-def test_only_volcano_schedules_through_a_group(mode: Mode, has_group: bool) -> None:
-    assert (group_rules(mode) is not None) is has_group
+# What each mode has beyond ModeRules, as its class line says: every mode is in the table.
+CAPABILITIES = {
+    Mode.PROVISIONING: set(),
+    Mode.KUEUE: set(),
+    Mode.VOLCANO: {GroupRules, GroupsWithPrerequisite, GroupsWithDrift},
+    Mode.NATIVE: {GroupRules, GroupsAtThePod},
+}
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_each_mode_has_the_capabilities_of_the_table(mode: Mode) -> None:
+    rules = RULES[mode]
+    have = {c for c in (GroupRules, GroupsWithPrerequisite, GroupsWithDrift, GroupsAtThePod) if isinstance(rules, c)}
+    assert have == CAPABILITIES[mode]
+    assert (group_rules(mode) is not None) is (GroupRules in have)
 
 
 def test_volcano_reads_back_the_pod_group_it_recorded() -> None:

@@ -14,10 +14,22 @@ from collections.abc import Mapping
 from raygate.core import keys
 from raygate.core.keys import Mode
 from raygate.core.modes import kueue, native, provisioning, volcano
-from raygate.core.modes.base import NO_MEMBERS, GroupRules, GroupSpec, Members, ModeRules, NoMembers, Prerequisite
+from raygate.core.modes.base import (
+    NO_MEMBERS,
+    GroupRules,
+    GroupsAtThePod,
+    GroupSpec,
+    GroupsWithDrift,
+    GroupsWithPrerequisite,
+    Members,
+    ModeRules,
+    NoMembers,
+    Prerequisite,
+)
 
-__all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "Members", "ModeRules", "NoMembers",
-           "Prerequisite", "all_group_rules", "decided_labels", "group_rules", "recorded_mode", "rules_for",
+__all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "GroupsAtThePod", "GroupsWithDrift",
+           "GroupsWithPrerequisite", "Members", "ModeRules", "NoMembers", "Prerequisite", "all_group_rules",
+           "all_groups_at_the_pod", "decided_labels", "group_rules", "recorded_mode", "rules_for",
            "template_annotations"]
 
 RULES: dict[Mode, ModeRules] = {m.mode: m for m in (provisioning.RULES, volcano.RULES, kueue.RULES, native.RULES)}
@@ -35,6 +47,12 @@ def group_rules(mode: Mode) -> GroupRules | None:
 
 def all_group_rules() -> list[GroupRules]:
     return [r for r in RULES.values() if isinstance(r, GroupRules)]
+
+
+def all_groups_at_the_pod() -> list[GroupsAtThePod]:
+    """The modes whose pods name their group themselves: a pod is asked of each, whatever its namespace's mode
+    is now (a job keeps the mode it was admitted under, and its template says which group)."""
+    return [r for r in RULES.values() if isinstance(r, GroupsAtThePod)]
 
 
 def recorded_mode(annotations: Mapping[str, str]) -> Mode | None:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from raygate.core import api, booking, keys
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind, Mode
-from raygate.core.modes.base import GroupRules, GroupSpec, Members, ModeRules
+from raygate.core.modes.base import GroupsAtThePod, GroupSpec, Members, ModeRules
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp
@@ -85,7 +85,7 @@ def increment_name(group: str, pod_set: str, n: int) -> str:
     return f"{group}-{_hash(group, pod_set, length=6)}-{n}"
 
 
-class Native(ModeRules, GroupRules):
+class Native(ModeRules, GroupsAtThePod):
     mode = Mode.NATIVE
     admitted_by = "raygate"
     provisions_by_default = True

@@ -29,7 +29,7 @@ from raygate.core import api, booking, keys, queue_labels
 from raygate.core import quantity as q
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind, Mode
-from raygate.core.modes.base import GroupRules, GroupSpec, ModeRules, Prerequisite
+from raygate.core.modes.base import GroupSpec, GroupsWithDrift, GroupsWithPrerequisite, ModeRules, Prerequisite
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder
@@ -82,7 +82,7 @@ def _resources(value: Any) -> dict[str, Any] | None:
         return None
 
 
-class Volcano(ModeRules, GroupRules):
+class Volcano(ModeRules, GroupsWithPrerequisite, GroupsWithDrift):
     mode = Mode.VOLCANO
     decided_labels = frozenset({keys.VOLCANO_QUEUE_LABEL, keys.RAY_PRIORITY_CLASS_LABEL})
     template_annotations = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION)
