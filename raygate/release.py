@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from raygate.core import keys, podgate
 from raygate.core.errors import RaygateError
 from raygate.core.keys import ChildKind
-from raygate.core.modes import RULES, group_rules, recorded_mode
+from raygate.core.modes import ObjectRules, admitted_elsewhere, for_object
 from raygate.core.objects import controller_uid, meta_str, metadata, string_map
+from raygate.core.policy import DEFAULT_CONFIG
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
@@ -109,13 +110,12 @@ def child_of(kind: ChildKind, obj: Mapping[str, Any]) -> Child:
     return Child(kind, str(found.get("namespace", "")), str(found.get("name", "")), controller_uid(obj))
 
 
-def _skip_reason(annotations: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+def _skip_reason(rules: ObjectRules, labels: Mapping[str, str]) -> str | None:
     """Another system admits this job (its recorded mode, or that system's own labels): it owns spec.suspend."""
-    mode = recorded_mode(annotations)
-    other = [r for r in RULES.values() if not r.holds and (r.mode is mode or r.claims(labels))]
-    if other:
-        who = other[0].admitted_by
-        return (f"{who} owns spec.suspend of this job ({other[0].mode.value} mode, or {who}'s own labels): {who} "
+    other = rules.mode_rules if not rules.holds else admitted_elsewhere(labels)
+    if other is not None:
+        who = other.admitted_by
+        return (f"{who} owns spec.suspend of this job ({other.mode.value} mode, or {who}'s own labels): {who} "
                 "admits it, raygate's release never unsuspends it")
     return None
 
@@ -140,9 +140,11 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
         mine = sorted(by_owner.get(uid, []), key=lambda c: (CHILD_KINDS.index(c.kind), c.name))
         item = Item(kind, str(found.get("namespace", "")), str(found.get("name", "")), uid, state, mode,
                     action="delete" if delete else "release", obj=obj)
-        recorded = recorded_mode(annotations)
-        group = group_rules(recorded) if recorded is not None else None
-        skip = _skip_reason(annotations, labels)
+        # raygate is uninstalled, its config with it: a job without a recorded mode is taken under the default
+        # policy (provisioning: no group to keep).
+        rules = for_object(DEFAULT_CONFIG.defaults, annotations)
+        group = rules.group
+        skip = _skip_reason(rules, labels)
         if skip:
             item.action, item.why = "skip", skip
         elif delete or group is None or not group.named_at_creation:

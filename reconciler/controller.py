@@ -26,7 +26,7 @@ from raygate.core import dra, keys, logs, podgate
 from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.conditions import conditions
 from raygate.core.keys import ChildKind
-from raygate.core.modes import Prerequisite, all_group_rules
+from raygate.core.modes import Prerequisite, all_group_rules, for_object
 from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
@@ -380,18 +380,18 @@ class Controller:
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
         w = Workload(obj, self._claim_template)
-        policy = self.config.config.policy_for(w.namespace)
-        obs = self._observed(w.namespace, kids, key, policy.for_mode(policy.recorded_mode(w.annotations)))
-        prerequisite = decision.prerequisite_to_check(w, policy, obs)
+        rules = for_object(self.config.config.policy_for(w.namespace), w.annotations)
+        obs = self._observed(w.namespace, kids, key, rules.policy)
+        prerequisite = decision.prerequisite_to_check(w, rules, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
         now = self.clock()
-        plan = decision.decide(w, obs, policy, now, self.provreq_version)
+        plan = decision.decide(w, obs, rules, now, self.provreq_version)
         try:
             self._apply(key, w, obs, plan, now)
         except RefusedChild as err:
             # The API server will never take this child as the job is written: a reason, not a retry loop.
-            self._apply(key, w, obs, decision.fail(w, obs, str(err)), now)
+            self._apply(key, w, obs, decision.fail(w, obs, rules, str(err)), now)
             return
         except ApiError as err:
             if not (retry_conflict and _is_conflict(err)):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import dra, keys, podgate
-from raygate.core.modes import NO_MEMBERS, Members, all_groups_at_the_pod
+from raygate.core.modes import NO_MEMBERS, Members, all_groups_at_the_pod, for_object
 from raygate.core.objects import get, labels
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
@@ -47,10 +47,11 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
-    gated = podgate.gates_pods(policy) and podgate.needs_gate(pod, policy, claims, namespace)
+    gates = for_object(policy).gates_pods
+    gated = gates and podgate.needs_gate(pod, policy, claims, namespace)
     if not gated and not _in_group(pod):
         # kueue mode (Kueue is the gate), a namespace that books nothing, or a pod that asks for no GPU
-        return allow("pod-without-managed-resources" if podgate.gates_pods(policy) else "pod-not-gated-here")
+        return allow("pod-without-managed-resources" if gates else "pod-not-gated-here")
     if gated and get(pod, ("spec", "nodeName")):
         return refuse(f"raygate gates pods that ask for {policy.managed_names()} in namespace {namespace} until a "
                       "booking covers them, and this pod names a node (spec.nodeName), which skips the scheduler "
@@ -72,13 +73,14 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
+    gates = for_object(policy).gates_pods
     if request.get("operation") == "CREATE":
         # Validation runs after every mutating webhook (and after the API server dropped the fields it does not
         # serve): the pod must be stored gated, and in its group.
         for rules in all_groups_at_the_pod():
             if (problem := rules.pod_problem(pod)) is not None:
                 return refuse(problem, mode=policy.mode)
-        if not podgate.gates_pods(policy):
+        if not gates:
             return allow("pod-not-gated-here")
         if podgate.needs_gate(pod, policy, claims, namespace) and not podgate.gated(pod):
             return refuse(f"pod {get(pod, ('metadata', 'name')) or ''} asks for {policy.managed_names()} and would "
@@ -86,7 +88,7 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
                           "webhook removed it, or raygate's did not run (cluster admins: check `kubectl get "
                           "mutatingwebhookconfiguration raygate-mutating`)", mode=policy.mode)
         return allow("valid")
-    if not podgate.gates_pods(policy):
+    if not gates:
         return allow("pod-not-gated-here")
     old = request.get("oldObject")
     if request.get("operation") != "UPDATE" or not isinstance(old, dict):

@@ -1,7 +1,7 @@
 """What one ProvisioningRequest can book for a job: the rules shared by every mode that books.
 
-(Whether a namespace books at all is its policy's `provisions`; how the request is built is the
-reconciler's, reconciler/children.py.)
+(Whether an object's capacity is booked at all is its rules' `books`, raygate.core.modes.for_object; how
+the request is built is the reconciler's, reconciler/children.py.)
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ def claimed_devices(gang: Gang, policy: NamespacePolicy) -> list[str]:
 
 
 def refusals(policy: NamespacePolicy, gang: Gang) -> list[str]:
-    """What keeps a job's pod sets from fitting into one ProvisioningRequest, where the namespace books."""
-    if not policy.provisions:
-        return []
+    """What keeps a job's pod sets from fitting into one ProvisioningRequest (asked where its capacity is booked)."""
     out = claimed_devices(gang, policy)
     problem = too_many_pod_sets(gang.managed_pod_sets(policy.manages), policy)
     return [*out, problem] if problem else out

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from raygate.core import dra, keys
 from raygate.core import quantity as q
-from raygate.core.modes import rules_for
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
@@ -93,13 +92,6 @@ def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
 
 
 # --- at the webhook ---------------------------------------------------------------------------------
-
-def gates_pods(policy: NamespacePolicy) -> bool:
-    """Where pods are gated: in a namespace where raygate holds jobs and books their capacity. In kueue mode
-    Kueue is the gate; in volcano mode without ProvisioningRequests the PodGroup is (Volcano binds the
-    gang whole or not at all, and growth after admission is refused there)."""
-    return rules_for(policy.mode).holds and policy.provisions
-
 
 def gated(pod: Mapping[str, Any]) -> bool:
     gates = get(pod, ("spec", "schedulingGates"))

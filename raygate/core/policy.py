@@ -8,7 +8,6 @@ whole, so a bad override is reported under `namespaces.<name>.<field>`.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
@@ -20,7 +19,7 @@ from pydantic.alias_generators import to_camel
 from raygate.core import keys, quantity
 from raygate.core.api import OFFLINE, Served
 from raygate.core.keys import Mode
-from raygate.core.modes import recorded_mode, rules_for
+from raygate.core.modes import rules_for
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
 # GPUs as the device plugins name them: NVIDIA's whole GPUs and its MIG slices (one resource per slice
@@ -167,11 +166,6 @@ class NamespacePolicy(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    def recorded_mode(self, annotations: Mapping[str, str]) -> Mode:
-        """The mode the webhook applied to an object (the namespace may have changed mode since);
-        this namespace's mode for an object the webhook never saw."""
-        return recorded_mode(annotations) or self.mode
-
     def for_mode(self, mode: Mode) -> NamespacePolicy:
         """This policy as it applies to an object held under `mode`: a held job finishes under the mode it
         was held with, so a namespace that changes mode strands none. Provisioning falls back to that
@@ -180,12 +174,6 @@ class NamespacePolicy(_Strict):
             return self
         return self.model_copy(update={"mode": mode, "provisioning": self.provisioning.model_copy(
             update={"enabled": None})})
-
-    @property
-    def provisions(self) -> bool:
-        if self.provisioning.enabled is not None:
-            return self.provisioning.enabled
-        return rules_for(self.mode).provisions_by_default
 
     @cached_property
     def _managed(self) -> tuple[frozenset[str], tuple[str, ...], frozenset[str]]:

@@ -18,8 +18,7 @@ from raygate.core.modes import (
     GroupsAtThePod,
     GroupsWithDrift,
     GroupsWithPrerequisite,
-    group_rules,
-    rules_for,
+    for_object,
     volcano,
 )
 from raygate.core.patch import PatchBuilder
@@ -43,13 +42,13 @@ def job(annotations: dict[str, str]) -> Workload:
 
 def test_every_mode_has_rules() -> None:
     assert set(RULES) == set(Mode)
-    assert all(rules_for(m).mode is m for m in Mode)
+    assert all(RULES[m].mode is m for m in Mode)
 
 
 @pytest.mark.parametrize(("mode", "holds"), [(Mode.PROVISIONING, True), (Mode.VOLCANO, True), (Mode.KUEUE, False),
                                              (Mode.NATIVE, True)])
 def test_raygate_holds_jobs_in_every_mode_but_kueue(mode: Mode, holds: bool) -> None:
-    assert rules_for(mode).holds is holds
+    assert RULES[mode].holds is holds
 
 
 # What each mode has beyond ModeRules, as its class line says: every mode is in the table.
@@ -66,7 +65,7 @@ def test_each_mode_has_the_capabilities_of_the_table(mode: Mode) -> None:
     rules = RULES[mode]
     have = {c for c in (GroupRules, GroupsWithPrerequisite, GroupsWithDrift, GroupsAtThePod) if isinstance(rules, c)}
     assert have == CAPABILITIES[mode]
-    assert (group_rules(mode) is not None) is (GroupRules in have)
+    assert (for_object(merge_override(NamespacePolicy(), {"mode": mode.value})).group is rules) is (GroupRules in have)
 
 
 def test_volcano_reads_back_the_pod_group_it_recorded() -> None:
@@ -88,8 +87,8 @@ def test_a_mode_names_what_its_config_cannot_do() -> None:
 
 def test_kueue_mode_refuses_a_job_that_would_be_stored_unsuspended() -> None:
     running = Workload({**gpu_job("train", "ns").obj(), "spec": {"suspend": False}, "kind": keys.RAYJOB_KIND})
-    assert "would start at once" in (rules_for(Mode.KUEUE).stored_problem(running, "ns") or "")
-    assert rules_for(Mode.PROVISIONING).stored_problem(running, "ns") is None
+    assert "would start at once" in (RULES[Mode.KUEUE].stored_problem(running, "ns") or "")
+    assert RULES[Mode.PROVISIONING].stored_problem(running, "ns") is None
 
 
 # --- no branch on a mode's name outside the modes ---------------------------------------------------
@@ -125,7 +124,7 @@ def test_the_check_finds_a_branch_on_a_mode_name() -> None:
     assert mode_branches("if mode is Mode.KUEUE:\n    pass\n") == [1]
     assert mode_branches("x = 1\nif policy.mode == 'volcano':\n    pass\n") == [2]
     assert mode_branches("from raygate.core.modes import volcano\n") == [1]
-    assert mode_branches("if rules_for(mode).holds:\n    pass\n") == []
+    assert mode_branches("if for_object(policy).holds:\n    pass\n") == []
 
 
 def test_no_code_outside_the_modes_branches_on_a_mode_name() -> None:
@@ -135,4 +134,4 @@ def test_no_code_outside_the_modes_branches_on_a_mode_name() -> None:
             if any(path.resolve().is_relative_to(d) for d in NOT_MODES) or ".venv" in path.parts:
                 continue
             found += [f"{path.relative_to(ROOT)}:{line}" for line in mode_branches(path.read_text())]
-    assert found == [], "ask raygate.core.modes (rules_for, group_rules) instead of naming a mode"
+    assert found == [], "ask the object's rules (raygate.core.modes.for_object) instead of naming a mode"

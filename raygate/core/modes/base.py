@@ -55,7 +55,8 @@ class ModeRules(ABC):
         return []
 
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can."""
+        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can. (Where its
+        capacity is booked, what one ProvisioningRequest cannot hold is refused too: raygate.core.booking.)"""
         return []
 
     def stored_problem(self, w: Workload, namespace: str) -> str | None:

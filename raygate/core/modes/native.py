@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from raygate.core import api, booking, keys
+from raygate.core import api, keys
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind, Mode
 from raygate.core.modes.base import GroupsAtThePod, GroupSpec, Members, ModeRules
@@ -108,14 +108,13 @@ class Native(ModeRules, GroupsAtThePod):
 
     # --- at creation (webhook) ------------------------------------------------------------------
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        out = booking.refusals(policy, gang)
         seats = {p.name for p in gang.pod_sets if p.in_min_member}
         schedulers = sorted({str(get(w.obj, (*path, "spec", "schedulerName")) or DEFAULT_SCHEDULER)
                              for task, path in w.template_paths() if task in seats})
         if len(schedulers) > 1:
-            out.append(f"the pod templates of the gang name different schedulers ({', '.join(schedulers)}), and "
-                       "every pod of a PodGroup must use the same one: give them one schedulerName (or none)")
-        return out
+            return [f"the pod templates of the gang name different schedulers ({', '.join(schedulers)}), and "
+                    "every pod of a PodGroup must use the same one: give them one schedulerName (or none)"]
+        return []
 
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)

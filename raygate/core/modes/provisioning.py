@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from raygate.core import booking, keys
+from raygate.core import keys
 from raygate.core.keys import Mode
 from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
@@ -26,9 +26,6 @@ class Provisioning(ModeRules):
     provisions_by_default = True
     # Written by the reconciler in the patch that admits the job: the booking its pods consume.
     template_annotations = (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
-
-    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        return booking.refusals(policy, gang)
 
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)

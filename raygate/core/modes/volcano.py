@@ -25,7 +25,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from raygate.core import api, booking, keys, queue_labels
+from raygate.core import api, keys, queue_labels
 from raygate.core import quantity as q
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind, Mode
@@ -91,9 +91,6 @@ class Volcano(ModeRules, GroupsWithPrerequisite, GroupsWithDrift):
     rewritten_reason = "PodGroupRewritten"
 
     # --- at creation (webhook) ------------------------------------------------------------------
-    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        return booking.refusals(policy, gang)  # where it also books capacity
-
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)
         queue_name = queue_labels.apply_labels(
