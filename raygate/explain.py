@@ -21,11 +21,12 @@ import yaml
 from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
+from raygate.core.config import parse_config
 from raygate.core.errors import RaygateError
 from raygate.core.keys import Mode
 from raygate.core.modes import GroupRules, ObjectRules, for_object
 from raygate.core.objects import metadata
-from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig
 
 # Why an object is left alone, in words, by the decision's outcome.
 LEFT_ALONE = {

@@ -7,13 +7,10 @@ the request is built is the reconciler's, reconciler/children.py.)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from raygate.core import dra, keys
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, PodSet
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 AUTOSCALER_DRA_ISSUE = "kubernetes/autoscaler#10065"
 

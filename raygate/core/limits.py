@@ -11,13 +11,10 @@ may grow it without an edit), not the pods it starts with.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from raygate.core import quantity as q
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 _SHOWN = 3  # pod sets named in a message, largest first
 

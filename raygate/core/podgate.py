@@ -20,18 +20,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raygate.core import dra, keys
 from raygate.core import quantity as q
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
 from raygate.core.workload import ManifestError, pod_request
 from raygate.core.workload import pod_set_of as pod_set_of
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 # Pod spec fields that decide which nodes a pod fits on, besides its resource requests.
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from raygate.core import keys
+from raygate.core.config import parse_config
 from raygate.core.keys import Mode
 from raygate.core.modes import for_object
-from raygate.core.policy import ConfigError, RaygateConfig, parse_config
+from raygate.core.policy import ConfigError, RaygateConfig
 from raygate.kube.configsource import ConfigSource
 
 

@@ -11,6 +11,7 @@ import pytest
 from builders import gpu_job
 
 from raygate.core import keys
+from raygate.core.config import parse_config
 from raygate.core.keys import Mode
 from raygate.core.modes import (
     RULES,
@@ -22,7 +23,7 @@ from raygate.core.modes import (
     volcano,
 )
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import NamespacePolicy, merge_override, parse_config
+from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]

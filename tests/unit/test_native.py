@@ -15,10 +15,11 @@ from plans import applied, decide, kinds
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
+from raygate.core.config import parse_config
 from raygate.core.keys import ChildKind, Mode
 from raygate.core.modes import GroupSpec, for_object, native
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import ConfigError, NamespacePolicy, merge_override, parse_config
+from raygate.core.policy import ConfigError, NamespacePolicy, merge_override
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import gating

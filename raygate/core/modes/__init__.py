@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from raygate.core import keys
 from raygate.core.keys import Mode
@@ -29,14 +28,12 @@ from raygate.core.modes.base import (
     NoMembers,
     Prerequisite,
 )
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
+from raygate.core.policy import NamespacePolicy
 
 __all__ = ["NO_MEMBERS", "RULES", "GroupRules", "GroupSpec", "GroupsAtThePod", "GroupsWithDrift",
            "GroupsWithPrerequisite", "Members", "ModeRules", "NoMembers", "ObjectRules", "Prerequisite",
            "admitted_elsewhere", "all_group_rules", "all_groups_at_the_pod", "decided_labels", "for_object",
-           "rules_for", "template_annotations"]
+           "template_annotations"]
 
 RULES: dict[Mode, ModeRules] = {m.mode: m for m in (provisioning.RULES, volcano.RULES, kueue.RULES, native.RULES)}
 
@@ -87,10 +84,6 @@ def _recorded_mode(annotations: Mapping[str, str]) -> Mode | None:
         return Mode(annotations[keys.MODE_ANNOTATION])
     except (KeyError, ValueError):
         return None
-
-
-def rules_for(mode: Mode) -> ModeRules:
-    return RULES[mode]
 
 
 # --- what every mode says together (no object's mode looked up) -----------------------------------------

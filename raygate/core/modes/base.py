@@ -14,16 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from raygate.core.api import Resource, Served
 from raygate.core.keys import ChildKind, Mode
 from raygate.core.objects import JSON
 from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Workload
-
-if TYPE_CHECKING:  # the policy model names its mode; the modes read the policy only through its fields
-    from raygate.core.policy import NamespacePolicy
 
 
 class ModeRules(ABC):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raygate.core import api, keys
 from raygate.core.api import Resource, Served
@@ -38,10 +38,8 @@ from raygate.core.modes.base import GroupsAtThePod, GroupSpec, Members, ModeRule
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import DEFAULT_SCHEDULER, Gang, Workload, child_metadata, pod_set_of
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 WORKLOAD_KIND = "Workload"
 _INVALID = re.compile(r"[^a-z0-9-]+")

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from raygate.core import keys
 from raygate.core.keys import Mode
 from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Workload
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 
 def hold(b: PatchBuilder) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raygate.core import api, keys, queue_labels
 from raygate.core import quantity as q
@@ -33,10 +33,8 @@ from raygate.core.modes.base import GroupSpec, GroupsWithDrift, GroupsWithPrereq
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, ManifestError, Workload, child_metadata
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 DEFAULT_QUEUE = "default"  # Volcano's built-in queue
 OPEN = "Open"
