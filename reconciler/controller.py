@@ -24,7 +24,7 @@ import orjson
 
 from raygate.core import dra, keys, logs, podgate
 from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
-from raygate.core.conditions import conditions
+from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules, for_object
 from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
@@ -71,16 +71,6 @@ def child_view(obj: JSON) -> JSON:
     """A child as the reconciler keeps it: without managedFields and without a PodTemplate's
     template, most of it and never read back (a PodGroup's spec and a request's status are)."""
     return {k: v for k, v in slim(obj).items() if k != "template"}
-
-
-# A request with one of these conditions True asks for one patch of its job (admit, retry or give up):
-# that job goes ahead of the queue.
-SETTLED_CONDITIONS = ("Provisioned", "Failed", "BookingExpired", "CapacityRevoked")
-
-
-def settled(request: JSON) -> bool:
-    found = conditions(request)
-    return any(c in found and found[c].true for c in SETTLED_CONDITIONS)
 
 
 def event_subject(job: JSON) -> JSON:
@@ -266,6 +256,7 @@ class Controller:
                     if owner:
                         self._owned.setdefault(owner, set()).add(ck)
             if owner:
+                # A settled request asks for one patch of its job (admit, retry or give up): it goes ahead.
                 self.queue.add(owner, urgent=kind == ChildKind.PROVISIONING_REQUEST and settled(obj))
 
         return handle

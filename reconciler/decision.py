@@ -43,6 +43,10 @@ PREREQUISITE_RECHECK_SECONDS = 10.0
 GROUP_GONE_RECHECK_SECONDS = 1.0  # a group being deleted with no pods goes within a second or two
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
 GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
+# What a held job's request that ended did, by the condition that ended it (each of booking.ENDED).
+ENDED_BEFORE_ADMISSION = {booking.FAILED: "failed",
+                          booking.BOOKING_EXPIRED: "lost its booking before the job was admitted",
+                          booking.CAPACITY_REVOKED: "lost its capacity before the job was admitted"}
 
 
 # --- the decision ---------------------------------------------------------------------------------
@@ -479,16 +483,15 @@ def _provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.dateti
         plan.outcome = Outcome.RETRIED if attempt > 1 else Outcome.REQUESTED
         return plan
     cond = conditions(pr)
-    for ctype, why in (("Failed", "failed"), ("BookingExpired", "lost its booking before the job was admitted"),
-                       ("CapacityRevoked", "lost its capacity before the job was admitted")):
+    for ctype, why in ENDED_BEFORE_ADMISSION.items():
         c = cond.get(ctype)
         if c is not None and c.true:
             return _retry_or_fail(w, obs, rules, now, attempt, name, why, c, plan, needs)
     if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != needs.fingerprint:
         return _replace(w, obs, rules, now, version, name)  # it books other pod sets than the job has now
-    accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
-    if accepted and accepted.true and provisioned and provisioned.true:
+    if booking.provisioned(pr):
         return _admit(w, plan, name, rules, needs, now)
+    provisioned = cond.get(booking.PROVISIONED)
     # provisionedTimeoutSeconds counts from the autoscaler's first answer that this request is not Provisioned,
     # recorded on the job. A request it has not answered is queued: the cluster-autoscaler takes one request
     # per loop, in no set order, so a new request would only join the same queue, behind a backoff.
@@ -589,7 +592,7 @@ def _admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, 
     if rules.gates_pods:
         _gate(w, obs, rules, plan, version)
     pr = obs.request(name) if name else None
-    revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
+    revoked = conditions(pr).get(booking.CAPACITY_REVOKED) if pr is not None else None
     if revoked is None or not revoked.true or name is None:
         return plan
     detail = f"{revoked.reason}: {revoked.message}" if revoked.message else revoked.reason
@@ -606,7 +609,7 @@ def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: s
     """The pod gate of an admitted object: release its gated pods into the slots its Provisioned requests
     book, book the rest as scale-ups, and say why any still wait."""
     every = [*obs.requests, *obs.scale_ups]
-    booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
+    booked = sum(int(ps.get("count") or 0) for r in every if not booking.ended(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
     policy = rules.policy
     desired = _desired(w, obs, policy)
@@ -697,9 +700,10 @@ def _scale_up_reason(g: gating.GatePlan, scale_ups: tuple[JSON, ...]) -> str | N
     parts = []
     for (pod_set, _), n in sorted(g.waiting.items()):
         requests = [r for r in scale_ups if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION)) == pod_set
-                    and not gating.provisioned(r)]
+                    and not booking.provisioned(r)]
         said = [f"{_name(r)} {t}={c.status} ({c.reason}{': ' + c.message if c.message else ''})"
-                for r in requests for t, c in conditions(r).items() if t in ("Provisioned", "Failed") and c.reason]
+                for r in requests for t, c in conditions(r).items()
+                if t in (booking.PROVISIONED, booking.FAILED) and c.reason]
         parts.append(f"{n} pod{'s' if n != 1 else ''} of pod set {pod_set} wait gated for a booking"
                      + (f": ProvisioningRequest {'; '.join(said)}" if said else
                         f" (ProvisioningRequest {', '.join(_name(r) for r in requests)})" if requests else ""))

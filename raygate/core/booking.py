@@ -1,4 +1,5 @@
-"""What one ProvisioningRequest can book for a job: the rules shared by every mode that books.
+"""What one ProvisioningRequest can book for a job, the rules shared by every mode that books, and what a
+request's conditions say together.
 
 (Whether an object's capacity is booked at all is its rules' `books`, raygate.core.modes.for_object; how
 the request is built is the reconciler's, reconciler/children.py.)
@@ -6,13 +7,45 @@ the request is built is the reconciler's, reconciler/children.py.)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from raygate.core import dra, keys
+from raygate.core.conditions import conditions
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, PodSet
 
 AUTOSCALER_DRA_ISSUE = "kubernetes/autoscaler#10065"
+
+# A request's condition types, as the cluster-autoscaler sets them.
+ACCEPTED = "Accepted"
+PROVISIONED = "Provisioned"
+FAILED = "Failed"
+BOOKING_EXPIRED = "BookingExpired"
+CAPACITY_REVOKED = "CapacityRevoked"  # GKE sets it; the open-source autoscaler never does
+ENDED = (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)
+"""Any of these True: the request will never provision, or book, as it is."""
+
+
+def _any_true(request: Mapping[str, Any], types: tuple[str, ...]) -> bool:
+    found = conditions(request)
+    return any(t in found and found[t].true for t in types)
+
+
+def provisioned(request: Mapping[str, Any]) -> bool:
+    """Its capacity is booked: Accepted and Provisioned both True."""
+    found = conditions(request)
+    return all(t in found and found[t].true for t in (ACCEPTED, PROVISIONED))
+
+
+def ended(request: Mapping[str, Any]) -> bool:
+    """It will never provision as it is: it failed, or its booking expired or was revoked."""
+    return _any_true(request, ENDED)
+
+
+def settled(request: Mapping[str, Any]) -> bool:
+    """It asks for one patch of its job (admit, retry or give up): Provisioned, or ended."""
+    return _any_true(request, (PROVISIONED, *ENDED))
 
 
 def too_many_pod_sets(managed: Sequence[PodSet], policy: NamespacePolicy) -> str | None:
