@@ -17,13 +17,12 @@ Pure: pods in, patch operations or verdicts out.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from raygate.core import dra, keys
 from raygate.core import quantity as q
+from raygate.core.names import digest
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import NamespacePolicy
@@ -62,10 +61,6 @@ def fields_view(spec: Any, fields: tuple[str, ...]) -> JSON:
     return {k: v for k in fields if (v := pruned(spec.get(k))) not in (None, {}, [])}
 
 
-def digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
 def _by_admission(toleration: Any, requested: Mapping[str, Any]) -> bool:
     if not isinstance(toleration, Mapping) or toleration.get("operator") != "Exists":
         return False
@@ -86,7 +81,7 @@ def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
         view["tolerations"] = kept
         if not kept:
             del view["tolerations"]
-    return digest({"managed": q.render(managed), **view})
+    return digest({"managed": q.render(managed), **view}, 16)
 
 
 # --- at the webhook ---------------------------------------------------------------------------------
