@@ -34,6 +34,7 @@ from raygate.core.keys import ChildKind
 from raygate.core.modes import ObjectRules, admitted_elsewhere, for_object
 from raygate.core.objects import controller_uid, meta_str, metadata, string_map
 from raygate.core.policy import DEFAULT_CONFIG
+from raygate.core.times import parse_time
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
@@ -197,7 +198,7 @@ def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, 
         (validating, "ValidatingWebhookConfiguration", keys.VALIDATING_WEBHOOK_CONFIG)) if present]
     spec = (lease or {}).get("spec") or {}
     holder = spec.get("holderIdentity")
-    renewed = _parse_time(spec.get("renewTime"))
+    renewed = parse_time(spec.get("renewTime"))
     duration = float(spec.get("leaseDurationSeconds") or 0)
     age = (now - renewed).total_seconds() if renewed else None
     if holder and age is not None and age < duration:
@@ -207,13 +208,6 @@ def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, 
                    f"(renewed {age:.0f}s ago; if raygate was just uninstalled, it expires in "
                    f"{duration - age:.0f}s: run this again then)")
     return out
-
-
-def _parse_time(text: object) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 def render(p: Plan, out: TextIO) -> None:

@@ -29,6 +29,7 @@ from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules, for_object
 from raygate.core.objects import JSON, controller_uid, get, meta_str, metadata, with_kind
 from raygate.core.policy import NamespacePolicy
+from raygate.core.times import parse_time
 from raygate.core.workload import Workload
 from raygate.kube import discovery, events
 from raygate.kube.client import JSON_PATCH, ApiError, Kube
@@ -450,7 +451,7 @@ class Controller:
         if step in (Step.RETRY, Step.FAIL) and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
             metrics.REQUESTS_FAILED.inc()
         if step is Step.ADMIT:
-            created = decision.parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+            created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
             if created is not None:
                 metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
 

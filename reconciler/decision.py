@@ -35,6 +35,7 @@ from raygate.core.modes import (
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
+from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import ManifestError, PodSet, Workload
 from raygate.reconciler import children, gating
 from raygate.reconciler.children import BadInput
@@ -765,25 +766,6 @@ def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str =
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-def timestamp(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def precise_timestamp(t: dt.datetime) -> str:
-    """Milliseconds, so a backoff of a second or two is not cut short by rounding."""
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def parse_time(text: object) -> dt.datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
 
 def _int(text: object) -> int | None:
     try:

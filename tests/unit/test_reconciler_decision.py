@@ -15,6 +15,7 @@ from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
 from raygate.core.modes import GroupSpec, for_object, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import Workload
 from raygate.reconciler import children, decision, gating
 from raygate.reconciler.decision import Create, Emit, Observed, PatchJob, Plan
@@ -180,13 +181,13 @@ def test_failed_request_retries_under_a_new_name_after_backoff(attempt: int, del
     ann = applied(w, plan)["metadata"]["annotations"]
     assert ann[keys.ATTEMPT_ANNOTATION] == str(attempt + 1)
     assert ann[keys.REQUEST_ANNOTATION] == rname(w, attempt + 1)
-    assert decision.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
+    assert parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
     assert "OutOfQuota" in ann[keys.REASON_ANNOTATION]
     assert plan.requeue_after == delay
 
 
 def test_backoff_waits_then_creates_the_next_attempt() -> None:
-    due = decision.timestamp(NOW + dt.timedelta(seconds=4))
+    due = timestamp(NOW + dt.timedelta(seconds=4))
     w = provisioning(2, **{keys.NEXT_ATTEMPT_ANNOTATION: due})
     waiting = decide(w, Observed(templates=templates(w)), policy(), NOW)
     assert waiting.actions == [] and waiting.requeue_after == 4
@@ -219,7 +220,7 @@ def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
 
 
 def since(w: Workload, attempt: int, seconds_ago: float) -> str:
-    return f"{rname(w, attempt)} {decision.precise_timestamp(NOW - dt.timedelta(seconds=seconds_ago))}"
+    return f"{rname(w, attempt)} {precise_timestamp(NOW - dt.timedelta(seconds=seconds_ago))}"
 
 
 @pytest.mark.parametrize("conds", [(), (("Accepted", "True", "A"),)], ids=["queued", "accepted, not answered"])
