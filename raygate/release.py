@@ -173,7 +173,7 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+def job_release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch that unsuspends `obj` and removes raygate's label and annotations, applied only
     while the job is still the one listed in the state listed (uid and state label tested)."""
     found = metadata(obj)
@@ -306,7 +306,7 @@ def execute(kube: Kube, p: Plan, kinds: Mapping[ChildKind, Resource], out: TextI
                 kube.delete(res, i.name, i.namespace)
                 out.write(f"deleted {what}\n")
             else:
-                kube.patch(res, i.name, release_ops(i.obj), i.namespace, content_type=JSON_PATCH)
+                kube.patch(res, i.name, job_release_ops(i.obj), i.namespace, content_type=JSON_PATCH)
                 out.write(f"released {what}: unsuspended, raygate's label and annotations removed\n")
                 events.record(kube, dict(i.obj), "Released",
                               f"released by `raygate release` after raygate was uninstalled (was {i.state}): "
