@@ -14,10 +14,11 @@ from raygate.core.modes import for_object
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
 from raygate.reconciler import decision
-from raygate.reconciler.decision import Create, Delete, Emit, Needs, Observed, PatchJob, Plan, ReleasePod
+from raygate.reconciler.decision import Create, Delete, Emit, Needs, Observed, PatchChild, PatchJob, Plan, ReleasePod
 
 
 def kinds(plan: Plan) -> list[str]:
+    """Every action of the plan, in order, as a word or two: an exact assertion on it sees each one."""
     out = []
     for a in plan.actions:
         if isinstance(a, Create):
@@ -26,10 +27,14 @@ def kinds(plan: Plan) -> list[str]:
             out.append(f"delete {a.kind} {a.name}")
         elif isinstance(a, PatchJob):
             out.append(f"patch {a.step}")
+        elif isinstance(a, PatchChild):
+            out.append(f"patch {a.kind} {a.name}")
         elif isinstance(a, Emit):
             out.append(f"event {a.reason}")
         elif isinstance(a, ReleasePod):
             out.append(f"release {a.name}")
+        else:  # an action kind this does not know yet must not vanish from the words
+            raise AssertionError(f"kinds() has no word for {a!r}")
     return out
 
 

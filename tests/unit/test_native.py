@@ -23,7 +23,7 @@ from raygate.core.policy import ConfigError, NamespacePolicy, merge_override
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import gating
-from raygate.reconciler.decision import Create, Observed, PatchChild
+from raygate.reconciler.decision import Create, Observed
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -464,8 +464,9 @@ def test_an_admitted_job_records_its_bound_gang_on_its_pod_group() -> None:
     group = gang_group(w)
     plan = decide(w, Observed(groups=(group,), bound={group["metadata"]["name"]: {"train-abc": 3}},
                               served=SERVED), policy(), NOW)
-    patches = [a for a in plan.actions if isinstance(a, PatchChild)]
-    assert [(a.kind, a.name) for a in patches] == [(ChildKind.GANG_POD_GROUP, group["metadata"]["name"])]
+    # One patch, of the gang's PodGroup (none of the job: nothing else changed)
+    assert [k for k in kinds(plan) if k.startswith("patch ")] == [
+        f"patch {ChildKind.GANG_POD_GROUP} {group['metadata']['name']}"]
 
 
 def test_each_attempt_has_a_group_of_its_own() -> None:
