@@ -30,7 +30,7 @@ from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES
+from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES, Resource
 from raygate.core.api import provisioning_requests as _provisioning_requests
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
@@ -197,19 +197,25 @@ def _gpus(pod: JSON) -> int:
     return n
 
 
+def _found(env: Env, res: Resource, name: str, ns: str) -> JSON | None:
+    """The object, or None when the API server answers that it does not exist (any other error is raised)."""
+    try:
+        return env.kube.get(res, name, ns)
+    except ApiError as err:
+        if err.not_found:
+            return None
+        raise
+
+
 def _root(env: Env, ns: str, cluster_name: str) -> JSON | None:
     """The object raygate gates for a RayCluster: its RayJob when KubeRay made it for one, else itself."""
-    try:
-        rc = env.kube.get(RAYCLUSTERS, cluster_name, ns)
-    except Exception:
+    rc = _found(env, RAYCLUSTERS, cluster_name, ns)
+    if rc is None:
         return None
     for ref in rc["metadata"].get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") == "RayJob":
-            try:
-                job = env.kube.get(RAYJOBS, ref["name"], ns)
-            except Exception:
-                continue
-            if job["metadata"]["uid"] == ref.get("uid"):
+            job = _found(env, RAYJOBS, ref["name"], ns)
+            if job is not None and job["metadata"]["uid"] == ref.get("uid"):
                 return job
     return rc
 
@@ -239,17 +245,13 @@ def _root_of_pod(env: Env, ns: str, pod: JSON) -> JSON | None:
     ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
     if ref is None or ref.get("kind") != "Job":
         return None
-    try:
-        job = env.kube.get(JOBS, ref["name"], ns)
-    except ApiError:
+    job = _found(env, JOBS, ref["name"], ns)
+    if job is None:
         return None
     owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
     if owner is None or owner.get("kind") != "RayJob":
         return None
-    try:
-        return env.kube.get(RAYJOBS, owner["name"], ns)
-    except ApiError:
-        return None
+    return _found(env, RAYJOBS, owner["name"], ns)
 
 
 def booked(env: Env, ns: str, obj: JSON) -> int:
