@@ -39,7 +39,7 @@ def test_the_contracts_hold() -> None:
         ("core/_scratch.py", "from raygate import cli", "Layers"),
         ("core/policy.py", "from raygate.core.modes import ModeRules", "The core's layers"),  # the config is data
         ("webhook/_scratch.py", "from raygate.reconciler import decision", "The components do not import each other"),
-        ("certs/_scratch.py", "from raygate.webhook import registration", "The components do not import each other"),
+        ("certs/_scratch.py", "from raygate.webhook import decision", "The components do not import each other"),
         ("reconciler/children.py", "from raygate.kube import client", "Pure decisions"),
         ("core/modes/_scratch.py", "import flask", "Pure decisions"),
         ("_scratch.py", "import raygate.core", "Layers"),  # a new module must be placed in a layer

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygate import demo_elastic
 from raygate.core import keys
 from raygate.core.errors import RaygateError
 from raygate.core.objects import JSON
+from raygate.devenv import demo_elastic
 
 JOBS = ("train-a", "train-b")
 WORKERS = 2
