@@ -5,8 +5,8 @@ A mode is one class (one module each, as KubeRay keeps one file per batch schedu
 the job or another system admits it. A mode that schedules each gang through group objects the
 reconciler creates (Volcano's PodGroup; Kubernetes' own Workload and PodGroup) also implements the
 optional `GroupRules`, and of its capabilities those it has, as Kueue's job integrations add theirs
-through small JobWith* interfaces.
-Callers ask the registry (`raygate.core.modes`) for a mode's rules and never branch on a mode's name.
+through small JobWith* interfaces. Callers ask the registry (`raygate.core.modes.for_object`) for an
+object's rules and never branch on a mode's name.
 """
 
 from __future__ import annotations
