@@ -92,7 +92,7 @@ def test_kueue_mode_refuses_a_job_that_would_be_stored_unsuspended() -> None:
     assert RULES[Mode.PROVISIONING].stored_problem(running, "ns") is None
 
 
-# --- no branch on a mode's name outside the modes ---------------------------------------------------
+# --- no branch on a mode's name, and no lookup of a mode, outside the modes ----------------------------
 
 MODE_NAMES = {m.value for m in Mode}
 MODE_MEMBERS = {m.name for m in Mode}
@@ -107,28 +107,42 @@ def _names_a_mode(node: ast.AST) -> bool:
 
 
 def mode_branches(source: str) -> list[int]:
-    """Lines that compare with a concrete mode, match on one, or import a concrete mode's module."""
+    """Lines that compare with a concrete mode, match on one, import a concrete mode's module, or look a mode's
+    rules up in the registry (RULES) instead of asking for an object's (for_object)."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Compare) and any(_names_a_mode(n) for n in (node.left, *node.comparators)):
             out.append(node.lineno)
         elif isinstance(node, ast.match_case) and any(_names_a_mode(n) for n in ast.walk(node.pattern)):
             out.append(node.pattern.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module is not None and (
-                (node.module.startswith("raygate.core.modes.") and node.module != "raygate.core.modes.base")
-                or (node.module == "raygate.core.modes" and any(a.name in MODE_NAMES for a in node.names))):
+        elif _imports_a_mode(node) or _looks_a_mode_up(node):
             out.append(node.lineno)
-    return out
+    return sorted(set(out))
+
+
+def _imports_a_mode(node: ast.AST) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module is not None and (
+        (node.module.startswith("raygate.core.modes.") and node.module != "raygate.core.modes.base")
+        or (node.module == "raygate.core.modes" and any(a.name in MODE_NAMES for a in node.names)))
+
+
+def _looks_a_mode_up(node: ast.AST) -> bool:
+    """The registry asked directly (`RULES[...]`, `modes.RULES`, importing RULES), not through for_object."""
+    return ((isinstance(node, ast.Name) and node.id == "RULES")
+            or (isinstance(node, ast.Attribute) and node.attr == "RULES")
+            or (isinstance(node, ast.ImportFrom) and any(a.name == "RULES" for a in node.names)))
 
 
 def test_the_check_finds_a_branch_on_a_mode_name() -> None:
     assert mode_branches("if mode is Mode.KUEUE:\n    pass\n") == [1]
     assert mode_branches("x = 1\nif policy.mode == 'volcano':\n    pass\n") == [2]
     assert mode_branches("from raygate.core.modes import volcano\n") == [1]
+    assert mode_branches("from raygate.core.modes import RULES\nrules = RULES[policy.mode]\n") == [1, 2]
+    assert mode_branches("if modes.RULES[mode].holds:\n    pass\n") == [1]
     assert mode_branches("if for_object(policy).holds:\n    pass\n") == []
 
 
-def test_no_code_outside_the_modes_branches_on_a_mode_name() -> None:
+def test_no_code_outside_the_modes_branches_on_a_mode_name_or_looks_one_up() -> None:
     found = []
     for top in SOURCES:
         for path in sorted((ROOT / top).rglob("*.py")):
