@@ -28,7 +28,8 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# The layer contracts in pyproject.toml ([tool.importlinter]): pure core < Kubernetes API < components < commands.
+# The layer contracts in pyproject.toml ([tool.importlinter]): pure core < Kubernetes API < components < commands,
+# and the core's own layers.
 imports: venv
 	$(BIN)/lint-imports --no-logo
 

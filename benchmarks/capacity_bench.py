@@ -93,7 +93,7 @@ def _observe(kube: Kube, created: dict[str, float], timeout: float) -> dict[str,
 def run_one(n: int, timeout: float) -> dict[str, Any]:
     from raygate.core.api import NODES
     from raygate.devenv.capacity import GPU_GROUP, NODE_GROUP_LABEL, Layout, start_capacity
-    from raygate.devenv.raygate_local import ensure_config, start_reconciler, start_webhook
+    from raygate.devenv.raygate_local import DEV_CONFIG
 
     # Headroom over one node per job: the pinned autoscaler sometimes adds a node twice for one request
     # (its Provisioned write conflicts with its own Accepted write; fixed upstream by kubernetes/autoscaler
@@ -103,11 +103,7 @@ def run_one(n: int, timeout: float) -> dict[str, Any]:
         state = cp.load_state()
         assert state is not None
         start_capacity(cp, state, layout)
-        ensure_config(cp)
-        start_webhook(cp, workers=2)
-        start_reconciler(cp)
-        cp.kubectl("create", "namespace", NAMESPACE)
-        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        common.start_raygate(cp, DEV_CONFIG, (NAMESPACE,))
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         names = [f"train-{i:03d}" for i in range(n)]
         created, t0, create_seconds = common.create_all(

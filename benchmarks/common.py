@@ -389,22 +389,27 @@ def add_static_gpu_nodes(cp: Any, kube: Any, group: str, count: int, gpus: int, 
     until(lambda: ready() == count, timeout, f"the {count} {group} GPU nodes Ready", 0.5)
 
 
-def start_raygate(cp: Any, config: Mapping[str, Any], namespaces: Sequence[str]) -> None:
-    """raygate's webhook (2 workers) and reconciler on the control plane `cp`, with `config` as raygate-config,
-    and `namespaces` created and opted in."""
+def start_raygate(cp: Any, config: Mapping[str, Any] | str | None, namespaces: Sequence[str], *, workers: int = 2,
+                  threads: int = 8, reconciler: Sequence[str] = ()) -> Any:
+    """raygate's webhook (`workers` x `threads`) and reconciler (with the arguments `reconciler`) on the control
+    plane `cp`, with `config` as raygate-config (a mapping or its YAML; None: no ConfigMap, so raygate's defaults),
+    and `namespaces` created and opted in. Returns the webhook (raygate_local.LocalWebhook)."""
     import yaml
 
     from raygate.core import keys
     from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
 
     ensure_system_namespace(cp)
-    cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-               f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(dict(config))}")
-    start_webhook(cp, workers=2)
-    start_reconciler(cp)
+    if config is not None:
+        text = config if isinstance(config, str) else yaml.safe_dump(dict(config))
+        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
+                   f"--from-literal={keys.CONFIGMAP_KEY}={text}")
+    hook = start_webhook(cp, workers=workers, threads=threads)
+    start_reconciler(cp, *reconciler)
     for ns in namespaces:
         cp.kubectl("create", "namespace", ns)
         cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+    return hook
 
 
 # --- waiting on a Ray cluster -----------------------------------------------------------------------------------

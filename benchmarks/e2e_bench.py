@@ -263,22 +263,17 @@ def _setup(cp: Any, side: str, provisioned_timeout: float | None = None) -> dict
     """Start the side's processes on the stack; return the settings they run with."""
     from benchmarks.peer_bench import RAYGATE_WEBHOOK, _wait_kueue_ready, kueue_objects
     from benchmarks.reconciler_bench import _kube, _wait_leader
-    from raygate.devenv import raygate_local
     from raygate.devenv.kueue_local import client_defaults, start_kueue
 
-    cp.kubectl("create", "namespace", NAMESPACE)
     kube = _kube(str(cp.kubeconfig), 4)
     if side == "raygate":
-        raygate_local.ensure_system_namespace(cp)
         config = raygate_config(provisioned_timeout)
-        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-                   f"--from-literal={keys.CONFIGMAP_KEY}={config}")
-        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        raygate_local.start_webhook(cp, workers=RAYGATE_WEBHOOK["workers"], threads=RAYGATE_WEBHOOK["threads"])
-        raygate_local.start_reconciler(cp)
+        common.start_raygate(cp, config, (NAMESPACE,), workers=RAYGATE_WEBHOOK["workers"],
+                             threads=RAYGATE_WEBHOOK["threads"])
         _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
         return {"config": config, "webhook": RAYGATE_WEBHOOK,
                 "reconciler": "defaults (64 workers, leader election on)", "pod_gate": True}
+    cp.kubectl("create", "namespace", NAMESPACE)
     local = start_kueue(cp)
     objs = kueue_objects(NAMESPACE, keys.BEST_EFFORT_ATOMIC_CLASS)
     for obj in objs:

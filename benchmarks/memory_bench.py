@@ -174,10 +174,7 @@ def run(jobs: int, timeout: float) -> dict[str, Any]:
     with common.control_plane() as cp:
         kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
         pr_res = _pr_resource(kube)
-        cp.kubectl("create", "namespace", NAMESPACE)
-        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        raygate_local.start_webhook(cp, workers=2, threads=8)
-        raygate_local.start_reconciler(cp)
+        common.start_raygate(cp, None, (NAMESPACE,))
         first = cp.load_state().pids["raygate-reconciler"]
         _wait_leader(kube, first)
         counting = Counting()

@@ -165,17 +165,15 @@ def _wait_kueue_ready(kube: Kube, timeout: float = 60) -> None:
 def _setup(cp: Any, side: str, kube: Kube) -> dict[str, Any]:
     """Start the side's processes; return the settings they run with."""
     from raygate.core.policy import RaygateConfig
-    from raygate.devenv import raygate_local
     from raygate.devenv.kueue_local import chart_settings, client_defaults, start_kueue
 
-    cp.kubectl("create", "namespace", NAMESPACE)
     if side == "raygate":
-        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        raygate_local.start_webhook(cp, workers=RAYGATE_WEBHOOK["workers"], threads=RAYGATE_WEBHOOK["threads"])
-        raygate_local.start_reconciler(cp)
+        common.start_raygate(cp, None, (NAMESPACE,), workers=RAYGATE_WEBHOOK["workers"],
+                             threads=RAYGATE_WEBHOOK["threads"])
         leader = _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
         return {"webhook": RAYGATE_WEBHOOK, "reconciler": "defaults (64 workers, no client-side rate limit)",
                      "leader": leader, "provisioning_class": RaygateConfig().defaults.provisioning.class_name}
+    cp.kubectl("create", "namespace", NAMESPACE)
     chart = chart_settings(cp.workdir / "kueue") if side == "kueue-helm" else {}
     local = start_kueue(cp, settings=chart)
     class_name = RaygateConfig().defaults.provisioning.class_name

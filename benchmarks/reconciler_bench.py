@@ -430,12 +430,7 @@ class RssSampler:
 
 def _start_raygate(cp: Any, kube: Kube, reconciler_args: tuple[str, ...]) -> tuple[int, str]:
     """The webhook and the reconciler, in the benchmark's opted-in namespace: (reconciler pid, Lease holder)."""
-    from raygate.devenv import raygate_local
-
-    cp.kubectl("create", "namespace", NAMESPACE)
-    cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-    raygate_local.start_webhook(cp, workers=2, threads=8)
-    raygate_local.start_reconciler(cp, *reconciler_args)
+    common.start_raygate(cp, None, (NAMESPACE,), reconciler=reconciler_args)
     state = cp.load_state()
     if state is None or "raygate-reconciler" not in state.pids:
         raise BenchError("the reconciler was not started")

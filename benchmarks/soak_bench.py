@@ -41,8 +41,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.fuzz import _bases, _check, damage
@@ -231,25 +229,17 @@ def command_of(pid: int) -> tuple[list[str], dict[str, str]]:
 
 def start_stack(cp: ControlPlane) -> Stack:
     from raygate.devenv.capacity import Layout, start_capacity
-    from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
 
     state = cp.load_state()
     if state is None:
         raise BenchError("the control plane lost its state file")
     start_capacity(cp, state, Layout(cpu_nodes=2, cpu_node_cpu=32, gpu_nodes_max=GPU_NODES_MAX,
                                      gpus_per_node=GPUS_PER_NODE))
-    ensure_system_namespace(cp)
-    cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-               f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
-    for ns in NAMESPACES:
-        cp.kubectl("create", "namespace", ns)
-        cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+    hook = common.start_raygate(cp, CONFIG, NAMESPACES)
     kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-soak", pool_size=8)
     if kube.served(keys.DRA_GROUP, keys.DRA_VERSION):
         for ns in NAMESPACES:
             kube.create(CLAIM_TEMPLATES, claim_template(ns), ns)
-    hook = start_webhook(cp, workers=2)
-    start_reconciler(cp)
     state = cp.load_state()
     assert state is not None
     groups = [PR, PODTEMPLATES] + ([PODGROUPS] if kube.served(keys.VOLCANO_GROUP, keys.VOLCANO_VERSION) else [])

@@ -18,8 +18,6 @@ import math
 import time
 from typing import Any
 
-import yaml
-
 from benchmarks import common
 from benchmarks.common import BenchError, Target
 from raygate.core import keys
@@ -85,7 +83,6 @@ def _observe(kube: Kube, created: dict[str, float], timeout: float) -> dict[str,
 
 def run_one(n: int, timeout: float) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, start_capacity
-    from raygate.devenv.raygate_local import start_reconciler, start_webhook
     from raygate.devenv.volcano import start_volcano
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=1)
@@ -94,13 +91,7 @@ def run_one(n: int, timeout: float) -> dict[str, Any]:
         assert state is not None
         start_capacity(cp, state, layout)
         start_volcano(cp, state)
-        cp.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE)
-        cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
-                   f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
-        start_webhook(cp, workers=2)
-        start_reconciler(cp)
-        cp.kubectl("create", "namespace", NAMESPACE)
-        cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+        common.start_raygate(cp, CONFIG, (NAMESPACE,))
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         names = [f"ray-{i:03d}" for i in range(n)]
         created, t0, create_seconds = common.create_all(

@@ -30,7 +30,7 @@ from benchmarks import common
 from benchmarks.common import BenchError, Target
 from benchmarks.samples import admission_review, rayjob
 from raygate.core import keys
-from raygate.core.modes import Mode
+from raygate.core.keys import Mode
 from raygate.core.policy import NamespacePolicy, RaygateConfig
 
 NAMESPACE = "bench"

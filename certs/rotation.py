@@ -22,6 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from raygate.core import pki
 from raygate.core.errors import RaygateError
+from raygate.core.times import timestamp
 
 DEFAULT_RENEW_BEFORE = dt.timedelta(days=30)
 DEFAULT_CA_VALIDITY = dt.timedelta(days=3650)
@@ -167,10 +168,6 @@ def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return True
 
 
-def _iso(t: dt.datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 # --- the decision ----------------------------------------------------------------------------------
 def _ca_problem(stored: Stored, now: dt.datetime, policy: Policy) -> str | None:
     cas = pki.read_certificates(stored.ca_cert)
@@ -186,9 +183,9 @@ def _ca_problem(stored: Stored, now: dt.datetime, policy: Policy) -> str | None:
     if not _is_ca(ca):
         return "ca.crt is not a CA certificate"
     if now < ca.not_valid_before_utc - CLOCK_SKEW:
-        return f"the CA is not valid before {_iso(ca.not_valid_before_utc)}"
+        return f"the CA is not valid before {timestamp(ca.not_valid_before_utc)}"
     if ca.not_valid_after_utc - now <= policy.renew_before:
-        return f"the CA expires at {_iso(ca.not_valid_after_utc)}, within {human(policy.renew_before)}"
+        return f"the CA expires at {timestamp(ca.not_valid_after_utc)}, within {human(policy.renew_before)}"
     return None
 
 
@@ -210,10 +207,10 @@ def _serving_problem(stored: Stored, sans: Sequence[str], now: dt.datetime, poli
         added, removed = sorted(want - have), sorted(have - want)
         return f"the SANs changed (add {added or 'nothing'}, remove {removed or 'nothing'})"
     if now < cert.not_valid_before_utc - CLOCK_SKEW:
-        return f"the serving certificate is not valid before {_iso(cert.not_valid_before_utc)}"
+        return f"the serving certificate is not valid before {timestamp(cert.not_valid_before_utc)}"
     if cert.not_valid_after_utc - now <= policy.renew_before:
         return (
-            f"the serving certificate expires at {_iso(cert.not_valid_after_utc)}, "
+            f"the serving certificate expires at {timestamp(cert.not_valid_after_utc)}, "
             f"within {human(policy.renew_before)}"
         )
     return None
@@ -230,7 +227,7 @@ def decide(stored: Stored | None, sans: Sequence[str], now: dt.datetime, policy:
     if problem is not None:
         return Decision(Action.RENEW, problem)
     not_after = pki.read_certificates(stored.tls_cert)[0].not_valid_after_utc
-    return Decision(Action.KEEP, f"valid until {_iso(not_after)}")
+    return Decision(Action.KEEP, f"valid until {timestamp(not_after)}")
 
 
 # --- issuing ---------------------------------------------------------------------------------------

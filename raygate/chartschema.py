@@ -3,10 +3,10 @@
 Helm validates the values against this schema on every `helm install`, `upgrade`, `template` and
 `lint`, so the `config` value (config.yaml of ConfigMap raygate-config) is checked by the same
 models the webhook and the reconciler parse it with: unknown keys, wrong types, unknown modes and
-out-of-range numbers fail the install, naming the field. The models' cross-field rules (a
-namespace selector that matches kube-system, kueue mode with raygate's own ProvisioningRequests)
-are not expressible in JSON Schema; tests/integration/test_chart.py parses the rendered ConfigMap
-with `raygate.core.policy.parse_config`, and the running components refuse such a config (Event,
+out-of-range numbers fail the install, naming the field. The cross-field rules (a namespace
+selector that matches kube-system; the modes', such as kueue mode with raygate's own
+ProvisioningRequests) are not expressible in JSON Schema; tests/integration/test_chart.py parses the
+rendered ConfigMap with `raygate.core.config.parse_config`, and the running components refuse such a config (Event,
 `raygate_config_valid` = 0) while the last good one keeps serving.
 
 `python -m raygate.chartschema --write` rewrites the file; tests/unit/test_chartschema.py fails

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,9 +19,8 @@ _Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], N
 
 
 def _registrars() -> list[_Registrar]:
-    from raygate import demo, explain, release, status
+    from raygate import explain, release, status
     from raygate.certs import cli as certs_cli
-    from raygate.devenv import cli as dev_cli
     from raygate.reconciler import cli as reconciler_cli
     from raygate.webhook import cli as webhook_cli
 
@@ -34,9 +34,19 @@ def _registrars() -> list[_Registrar]:
         functools.partial(explain.register, discover=_served_at),
         status.register,
         release.register,
-        dev_cli.register,
-        demo.register,
+        *_workshop(),
     ]
+
+
+def _workshop() -> list[_Registrar]:
+    """`raygate dev` and `raygate demo`, where the workshop is: a checkout has raygate/devenv, the wheel (and so the
+    image) leaves it out."""
+    if importlib.util.find_spec("raygate.devenv") is None:
+        return []
+    from raygate.devenv import cli as dev_cli
+    from raygate.devenv import demo
+
+    return [dev_cli.register, demo.register]
 
 
 def _served_at(kubeconfig: str) -> Served:

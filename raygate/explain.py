@@ -21,10 +21,12 @@ import yaml
 from raygate.core import keys
 from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
+from raygate.core.config import parse_config
 from raygate.core.errors import RaygateError
-from raygate.core.modes import Mode, group_rules, rules_for
+from raygate.core.keys import Mode
+from raygate.core.modes import GroupRules, ObjectRules, for_object
 from raygate.core.objects import metadata
-from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig
 
 # Why an object is left alone, in words, by the decision's outcome.
 LEFT_ALONE = {
@@ -155,6 +157,7 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
         except ManifestError:
             gang = None
     message = d.message
+    group = rules_of(config, namespace).group
     if d.allowed and message is None:
         message = "; ".join(d.warnings) or LEFT_ALONE.get(d.outcome)
     return {
@@ -162,18 +165,20 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
         "message": message,
         "patch": d.patch,
         "gang": gang.to_json() if gang is not None and d.outcome not in LEFT_ALONE else None,
-        "groups": _groups(obj, config.policy_for(namespace).mode, served) if d.allowed and d.patch else None,
+        "groups": _groups(obj, group, served) if group is not None and d.allowed and d.patch else None,
     }
 
 
-def _groups(obj: dict[str, Any], mode: Mode, served: Served) -> dict[str, Any] | None:
+def rules_of(config: RaygateConfig, namespace: str) -> ObjectRules:
+    """The rules of an object being created in `namespace` (its namespace's mode)."""
+    return for_object(config.policy_for(namespace))
+
+
+def _groups(obj: dict[str, Any], rules: GroupRules, served: Served) -> dict[str, Any] | None:
     """The group objects the reconciler would create for the object (named as for this manifest: a created
     object's names also hash its uid), and the line that says what they do."""
     from raygate.core.workload import ManifestError, Workload
 
-    rules = group_rules(mode)
-    if rules is None:
-        return None
     w = Workload({**obj, "metadata": {**(obj.get("metadata") or {}),
                                      "name": metadata(obj).get("name") or metadata(obj).get("generateName") or ""}})
     try:
@@ -194,14 +199,14 @@ def _total(per_pod: dict[str, str], count: int) -> dict[str, str]:
     return q.render({k: q.parse(v) * count for k, v in per_pod.items()})
 
 
-def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, mode: Mode) -> str:
+def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, rules: ObjectRules) -> str:
     name = metadata(obj).get("name") or metadata(obj).get("generateName") or "?"
-    lines = [f"{obj['kind']} {namespace}/{name} in {mode.value} mode"]
+    lines = [f"{obj['kind']} {namespace}/{name} in {rules.mode.value} mode"]
     if not result["allowed"]:
         lines += ["verdict: REFUSED: kubectl create fails with", f"  {result['message']}"]
     elif result["patch"]:
         lines.append("verdict: admitted, changed as below" + (" and held until its capacity is ready"
-                                                              if rules_for(mode).holds else ""))
+                                                              if rules.holds else ""))
         if result["message"]:
             lines.append(f"warning: {result['message']}")
     else:
@@ -260,5 +265,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(result, sort_keys=False))
     else:
-        print(render_text(result, obj, namespace, config.policy_for(namespace).mode))
+        print(render_text(result, obj, namespace, rules_of(config, namespace)))
     return 0 if result["allowed"] else EXIT_REFUSED

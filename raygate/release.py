@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from raygate.core import keys, podgate
 from raygate.core.errors import RaygateError
 from raygate.core.keys import ChildKind
-from raygate.core.modes import RULES, group_rules, recorded_mode
+from raygate.core.modes import ObjectRules, admitted_elsewhere, for_object
 from raygate.core.objects import controller_uid, meta_str, metadata, string_map
+from raygate.core.policy import DEFAULT_CONFIG
+from raygate.core.times import parse_time
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
@@ -109,13 +111,12 @@ def child_of(kind: ChildKind, obj: Mapping[str, Any]) -> Child:
     return Child(kind, str(found.get("namespace", "")), str(found.get("name", "")), controller_uid(obj))
 
 
-def _skip_reason(annotations: Mapping[str, str], labels: Mapping[str, str]) -> str | None:
+def _skip_reason(rules: ObjectRules, labels: Mapping[str, str]) -> str | None:
     """Another system admits this job (its recorded mode, or that system's own labels): it owns spec.suspend."""
-    mode = recorded_mode(annotations)
-    other = [r for r in RULES.values() if not r.holds and (r.mode is mode or r.claims(labels))]
-    if other:
-        who = other[0].admitted_by
-        return (f"{who} owns spec.suspend of this job ({other[0].mode.value} mode, or {who}'s own labels): {who} "
+    other = rules.mode_rules if not rules.holds else admitted_elsewhere(labels)
+    if other is not None:
+        who = other.admitted_by
+        return (f"{who} owns spec.suspend of this job ({other.mode.value} mode, or {who}'s own labels): {who} "
                 "admits it, raygate's release never unsuspends it")
     return None
 
@@ -140,9 +141,11 @@ def plan(jobs: Iterable[tuple[str, Mapping[str, Any]]], children: Iterable[Child
         mine = sorted(by_owner.get(uid, []), key=lambda c: (CHILD_KINDS.index(c.kind), c.name))
         item = Item(kind, str(found.get("namespace", "")), str(found.get("name", "")), uid, state, mode,
                     action="delete" if delete else "release", obj=obj)
-        recorded = recorded_mode(annotations)
-        group = group_rules(recorded) if recorded is not None else None
-        skip = _skip_reason(annotations, labels)
+        # raygate is uninstalled, its config with it: a job without a recorded mode is taken under the default
+        # policy (provisioning: no group to keep).
+        rules = for_object(DEFAULT_CONFIG.defaults, annotations)
+        group = rules.group
+        skip = _skip_reason(rules, labels)
         if skip:
             item.action, item.why = "skip", skip
         elif delete or group is None or not group.named_at_creation:
@@ -170,7 +173,7 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
+def job_release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch that unsuspends `obj` and removes raygate's label and annotations, applied only
     while the job is still the one listed in the state listed (uid and state label tested)."""
     found = metadata(obj)
@@ -195,7 +198,7 @@ def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, 
         (validating, "ValidatingWebhookConfiguration", keys.VALIDATING_WEBHOOK_CONFIG)) if present]
     spec = (lease or {}).get("spec") or {}
     holder = spec.get("holderIdentity")
-    renewed = _parse_time(spec.get("renewTime"))
+    renewed = parse_time(spec.get("renewTime"))
     duration = float(spec.get("leaseDurationSeconds") or 0)
     age = (now - renewed).total_seconds() if renewed else None
     if holder and age is not None and age < duration:
@@ -205,13 +208,6 @@ def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, 
                    f"(renewed {age:.0f}s ago; if raygate was just uninstalled, it expires in "
                    f"{duration - age:.0f}s: run this again then)")
     return out
-
-
-def _parse_time(text: object) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 def render(p: Plan, out: TextIO) -> None:
@@ -310,7 +306,7 @@ def execute(kube: Kube, p: Plan, kinds: Mapping[ChildKind, Resource], out: TextI
                 kube.delete(res, i.name, i.namespace)
                 out.write(f"deleted {what}\n")
             else:
-                kube.patch(res, i.name, release_ops(i.obj), i.namespace, content_type=JSON_PATCH)
+                kube.patch(res, i.name, job_release_ops(i.obj), i.namespace, content_type=JSON_PATCH)
                 out.write(f"released {what}: unsuspended, raygate's label and annotations removed\n")
                 events.record(kube, dict(i.obj), "Released",
                               f"released by `raygate release` after raygate was uninstalled (was {i.state}): "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
+from raygate.core.times import parse_time
 
 if TYPE_CHECKING:
     from raygate.core.api import Resource
@@ -119,13 +120,6 @@ def groups_by_owner(groups: Iterable[Mapping[str, Any]]) -> dict[str, list[Group
     return out
 
 
-def _parse_time(text: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
-        return None
-
-
 def _attempt(value: str | None) -> int | None:
     try:
         return int(value) if value is not None else None
@@ -151,7 +145,7 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime,
         # KubeRay's cluster of a RayJob carries the job's labels, but only once the job is Admitted, a state
         # this table leaves out; a held RayCluster that claims a RayJob parent is held in its own right.
         created = str(meta.get("creationTimestamp", ""))
-        since = _parse_time(created)
+        since = parse_time(created)
         rows.append(Held(
             namespace=str(meta.get("namespace", "")),
             kind=kind,

@@ -9,35 +9,20 @@ same name, its create answers AlreadyExists, and nothing is ever created twice.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raygate.core import identity, keys, podgate
 from raygate.core import quantity as q
 from raygate.core.keys import ChildKind
+from raygate.core.names import MAX_NAME, digest, dns, short_hash
 from raygate.core.objects import JSON, controller_ref, get, meta_str
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Manages, PodSet, Workload, child_metadata
 
-MAX_NAME = 63
-_INVALID = re.compile(r"[^a-z0-9-]+")
-
 
 class BadInput(ValueError):
     """The job cannot be gang-admitted as written; the message says what to change."""
-
-
-def short_hash(*parts: str, length: int = 8) -> str:
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:length]
-
-
-def _dns(text: str, limit: int) -> str:
-    """Lowercase DNS-1123 label characters, at most `limit` long, no dash at either end."""
-    out = _INVALID.sub("-", text.lower())[:limit].strip("-")
-    return out or "x"
 
 
 def _job_hash(w: Workload) -> str:
@@ -48,7 +33,7 @@ def request_name(w: Workload, attempt: int, pod_sets: str) -> str:
     """`<job>-<hash>-a<attempt>`: a new name for every attempt, and for every change of the pod sets
     it books (`pod_sets` is their fingerprint), so a request never outlives the spec it was made for."""
     suffix = f"-{short_hash(_job_hash(w), pod_sets)}-a{attempt}"
-    return _dns(w.name, MAX_NAME - len(suffix)) + suffix
+    return dns(w.name, MAX_NAME - len(suffix)) + suffix
 
 
 def template_name(w: Workload, pod_set: PodSet) -> str:
@@ -56,14 +41,10 @@ def template_name(w: Workload, pod_set: PodSet) -> str:
     the pod set name, so two groups whose names shorten to the same text still differ, and what decides
     where its pods fit, so such an edit while the job is held makes a new one."""
     h = short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")), pod_set.name,
-                   _digest(placement(w, pod_set)))
-    set_part = _dns(pod_set.name, 24)
-    job_part = _dns(w.name, MAX_NAME - len(h) - len(set_part) - 2)
+                   digest(placement(w, pod_set)))
+    set_part = dns(pod_set.name, 24)
+    job_part = dns(w.name, MAX_NAME - len(h) - len(set_part) - 2)
     return f"{job_part}-{set_part}-{h}"
-
-
-def _digest(obj: JSON) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def placement(w: Workload, pod_set: PodSet) -> JSON:
@@ -81,7 +62,7 @@ def fingerprint(w: Workload, pod_sets: Sequence[PodSet]) -> str:
 
 def event_name(w: Workload, reason: str, detail: str = "") -> str:
     """A deterministic Event name, so a replayed step after a crash records no second Event."""
-    return f"{_dns(w.name, 200)}.{short_hash(w.kind, w.name, reason, detail, length=10)}"
+    return f"{dns(w.name, 200)}.{short_hash(w.kind, w.name, reason, detail, length=10)}"
 
 
 def owner_of(obj: Mapping[str, Any]) -> identity.RayOwner | None:
@@ -170,8 +151,8 @@ def scale_up_template(w: Workload, pod_set: str, digest: str, template: JSON, ma
     """The PodTemplate of a scale-up, from the spec the pods are made from (or from a gated pod no spec
     explains); one per pod set and placement, shared by every scale-up of the same shape."""
     name_hash = short_hash(_job_hash(w), pod_set, digest)
-    set_part = _dns(pod_set, 24)
-    name = f"{_dns(w.name, MAX_NAME - len(name_hash) - len(set_part) - 4)}-{set_part}-{name_hash}-s"
+    set_part = dns(pod_set, 24)
+    name = f"{dns(w.name, MAX_NAME - len(name_hash) - len(set_part) - 4)}-{set_part}-{name_hash}-s"
     return templated(child_metadata(w, name), pod_set, template, managed)
 
 
@@ -180,7 +161,7 @@ def scale_up_request(w: Workload, pod_set: str, template: str, count: int, exist
     """A request for `count` more pods of `pod_set`. Named after what the reconciler saw when it asked
     (the requests the object had, and the count), so a replay after a crash finds the same name."""
     suffix = f"-{short_hash(_job_hash(w), pod_set, template, str(count), *sorted(existing))}-s"
-    meta = child_metadata(w, _dns(w.name, MAX_NAME - len(suffix)) + suffix)
+    meta = child_metadata(w, dns(w.name, MAX_NAME - len(suffix)) + suffix)
     meta["annotations"] |= {keys.SCALE_UP_ANNOTATION: pod_set}
     spec: JSON = {"provisioningClassName": policy.provisioning.scale_up_class_name,
                   "podSets": [{"podTemplateRef": {"name": template}, "count": count}]}

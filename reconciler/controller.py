@@ -24,11 +24,13 @@ import orjson
 
 from raygate.core import dra, identity, keys, logs, podgate
 from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
-from raygate.core.conditions import conditions
+from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
-from raygate.core.modes import Prerequisite, all_group_rules
+from raygate.core.modes import Prerequisite, all_group_rules, for_object
+from raygate.core.names import short_hash
 from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata, string_map, with_kind
 from raygate.core.policy import NamespacePolicy
+from raygate.core.times import parse_time
 from raygate.core.workload import Workload
 from raygate.kube import discovery, events
 from raygate.kube.client import JSON_PATCH, ApiError, Kube
@@ -71,16 +73,6 @@ def child_view(obj: JSON) -> JSON:
     """A child as the reconciler keeps it: without managedFields and without a PodTemplate's
     template, most of it and never read back (a PodGroup's spec and a request's status are)."""
     return {k: v for k, v in slim(obj).items() if k != "template"}
-
-
-# A request with one of these conditions True asks for one patch of its job (admit, retry or give up):
-# that job goes ahead of the queue.
-SETTLED_CONDITIONS = ("Provisioned", "Failed", "BookingExpired", "CapacityRevoked")
-
-
-def settled(request: JSON) -> bool:
-    found = conditions(request)
-    return any(c in found and found[c].true for c in SETTLED_CONDITIONS)
 
 
 def event_subject(job: JSON) -> JSON:
@@ -283,6 +275,7 @@ class Controller:
                     if owner:
                         self._owned.setdefault(owner, set()).add(ck)
             if owner:
+                # A settled request asks for one patch of its job (admit, retry or give up): it goes ahead.
                 self.queue.add(owner, urgent=kind == ChildKind.PROVISIONING_REQUEST and settled(obj))
 
         return handle
@@ -421,7 +414,7 @@ class Controller:
         else:
             return
         self.events.send(pod, decision.Emit("RayObjectCannotBook", why, warning=True,
-                                            name=f"{meta_str(pod, 'name')}.{children.short_hash(ray.render())}"))
+                                            name=f"{meta_str(pod, 'name')}.{short_hash(ray.render())}"))
 
     def _get_ray(self, ray: identity.RayOwner, namespace: str) -> JSON | None:
         try:
@@ -434,18 +427,18 @@ class Controller:
     def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
         w = Workload(obj, self._claim_template)
-        policy = self.config.config.policy_for(w.namespace)
-        obs = self._observed(w.namespace, kids, key, policy.for_mode(policy.recorded_mode(w.annotations)))
-        prerequisite = decision.prerequisite_to_check(w, policy, obs)
+        rules = for_object(self.config.config.policy_for(w.namespace), w.annotations)
+        obs = self._observed(w.namespace, kids, key, rules.policy)
+        prerequisite = decision.prerequisite_to_check(w, rules, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
         now = self.clock()
-        plan = decision.decide(w, obs, policy, now, self.provreq_version)
+        plan = decision.decide(w, obs, rules, now, self.provreq_version)
         try:
             self._apply(key, w, obs, plan, now)
         except RefusedChild as err:
             # The API server will never take this child as the job is written: a reason, not a retry loop.
-            self._apply(key, w, obs, decision.fail(w, obs, str(err)), now)
+            self._apply(key, w, obs, decision.fail(w, obs, rules, str(err)), now)
             return
         except ApiError as err:
             if not (retry_conflict and _is_conflict(err)):
@@ -513,7 +506,7 @@ class Controller:
         if step in (Step.RETRY, Step.FAIL) and w.labels.get(keys.STATE_LABEL) == keys.State.PROVISIONING:
             metrics.REQUESTS_FAILED.inc()
         if step is Step.ADMIT:
-            created = decision.parse_time(get(w.obj, ("metadata", "creationTimestamp")))
+            created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
             if created is not None:
                 metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
 

@@ -1,4 +1,4 @@
-"""The reconciler's decision, as a pure function: (job, its observed children, policy, now) -> plan.
+"""The reconciler's decision, as a pure function: (job, its observed children, its rules, now) -> plan.
 
 Level-triggered: everything it needs is on the job (state label and annotations) or among the
 children the cluster holds, so a reconciler restarted at any instant decides the same thing again.
@@ -23,10 +23,19 @@ from raygate.core import quantity as q
 from raygate.core.api import OFFLINE, Served
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupRules, GroupSpec, Prerequisite, group_rules, recorded_mode, rules_for
+from raygate.core.modes import (
+    GroupRules,
+    GroupsAtThePod,
+    GroupSpec,
+    GroupsWithDrift,
+    GroupsWithPrerequisite,
+    ObjectRules,
+    Prerequisite,
+)
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
+from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import ManifestError, PodSet, Workload
 from raygate.reconciler import children, gating
 from raygate.reconciler.children import BadInput
@@ -35,42 +44,46 @@ PREREQUISITE_RECHECK_SECONDS = 10.0
 GROUP_GONE_RECHECK_SECONDS = 1.0  # a group being deleted with no pods goes within a second or two
 STATE_PATH = ("metadata", "labels", keys.STATE_LABEL)
 GENERATION_PATH = ("metadata", "generation")  # bumped by spec edits, not by status writes
+# What a held job's request that ended did, by the condition that ended it (each of booking.ENDED).
+ENDED_BEFORE_ADMISSION = {booking.FAILED: "failed",
+                          booking.BOOKING_EXPIRED: "lost its booking before the job was admitted",
+                          booking.CAPACITY_REVOKED: "lost its capacity before the job was admitted"}
 
 
 # --- the decision ---------------------------------------------------------------------------------
 
-def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+def decide(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime,
            provreq_version: str | None = keys.PROVREQ_VERSIONS[0]) -> Plan:
-    """`provreq_version`: the ProvisioningRequest API version served (None: not installed)."""
-    mode = policy.recorded_mode(w.annotations)
-    if not rules_for(mode).holds:
+    """`rules`: the job's, resolved once per reconcile (raygate.core.modes.for_object: a held job finishes
+    under the mode it was held with, whatever the namespace changed to since); `provreq_version`: the
+    ProvisioningRequest API version served (None: not installed)."""
+    if not rules.holds:
         return Plan(outcome=Outcome.NOT_HELD)  # another system admits it and owns spec.suspend
-    # A held job finishes under the mode it was held with, whatever the namespace changed to since.
-    policy = policy.for_mode(mode)
     state = w.labels.get(keys.STATE_LABEL)
     rejected = w.rejected_by_kuberay()
     if rejected is not None and state != keys.State.FAILED:
-        return fail(w, obs, f"KubeRay refused this RayJob and will never run it ({rejected})",
+        return fail(w, obs, rules, f"KubeRay refused this RayJob and will never run it ({rejected})",
                     event_reason="RejectedByKubeRay", restartable=False)
     if w.finished() or get(w.obj, ("metadata", "deletionTimestamp")):
         actions = delete_all(obs)
-        if (rules := group_rules(mode)) is not None:
+        if (group := rules.group) is not None:
             # A PodGroup stays (its protection finalizer) until its pods are terminal, then goes.
-            actions += [Delete(rules.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
+            actions += [Delete(group.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FINISHED)
     if state == keys.State.PENDING:
-        return _pending(w, obs, policy, now, provreq_version)
+        return _pending(w, obs, rules, now, provreq_version)
     if state == keys.State.PROVISIONING:
-        return _provisioning(w, obs, policy, now, provreq_version)
+        return _provisioning(w, obs, rules, now, provreq_version)
     if state == keys.State.ADMITTED:
-        return _admitted(w, obs, policy, now, provreq_version)
+        return _admitted(w, obs, rules, now, provreq_version)
     if state == keys.State.FAILED:
-        actions = [*delete_all(obs), *_stopped_groups(w, obs)]  # finishes a give-up interrupted before its deletes
+        # finishes a give-up interrupted before its deletes
+        actions = [*delete_all(obs), *_stopped_groups(obs, rules.group)]
         return Plan(actions, outcome=Outcome.CLEANUP if actions else Outcome.FAILED)
     return Plan(outcome=Outcome.UNKNOWN_STATE)
 
 
-def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "InvalidJob",
+def fail(w: Workload, obs: Observed, rules: ObjectRules, message: str, *, event_reason: str = "InvalidJob",
          restartable: bool = True, suspend: bool = False) -> Plan:
     """Give up on the job: state Failed with the reason, an Event, its requests and templates deleted.
 
@@ -96,27 +109,26 @@ def fail(w: Workload, obs: Observed, message: str, *, event_reason: str = "Inval
         Emit(event_reason, f"{message}. {held}; {restart}", warning=True,
              name=children.event_name(w, event_reason, str(get(w.obj, ("metadata", "resourceVersion"), "")))),
     ]
-    return Plan([*actions, *delete_all(obs), *_stopped_groups(w, obs)], outcome=Outcome.FAILED)
+    return Plan([*actions, *delete_all(obs), *_stopped_groups(obs, rules.group)], outcome=Outcome.FAILED)
 
 
-def _stopped_groups(w: Workload, obs: Observed) -> list[Action]:
+def _stopped_groups(obs: Observed, group: GroupRules | None) -> list[Action]:
     """A stopped job's group objects where its pods name one per admission (native mode): a new start makes
     its own, and the stopped one's record of a bound gang must not reach it. (Volcano's are kept: its pod
     templates name the group from creation on.)"""
-    mode = recorded_mode(w.annotations)
-    rules = group_rules(mode) if mode is not None else None
-    if rules is None or rules.named_at_creation:
+    if group is None or group.named_at_creation:
         return []
-    return [Delete(rules.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
+    return [Delete(group.kind_of(g), _name(g)) for g in obs.groups if not _deleting(g)]
 
 
-def prerequisite_to_check(w: Workload, policy: NamespacePolicy, obs: Observed) -> Prerequisite | None:
+def prerequisite_to_check(w: Workload, rules: ObjectRules, obs: Observed) -> Prerequisite | None:
     """What the controller must read before deciding (a mode's group still to create may need it), or None."""
-    rules = group_rules(policy.recorded_mode(w.annotations))
-    if rules is None or w.labels.get(keys.STATE_LABEL) != keys.State.PENDING or obs.groups:
+    group = rules.group
+    if not isinstance(group, GroupsWithPrerequisite) or w.labels.get(keys.STATE_LABEL) != keys.State.PENDING \
+            or obs.groups:
         return None
     try:
-        return rules.prerequisite(rules.recorded(w))
+        return group.prerequisite(group.recorded(w))
     except ManifestError:
         return None
 
@@ -243,60 +255,62 @@ class Observed:
 
 @dataclass(frozen=True)
 class Needs:
-    """What one held job needs: the pod sets that go into a request, and its mode's group object.
+    """What one held job needs: the pod sets that go into a request, and its mode's group object (built by
+    its ObjectRules.group).
 
     (Not workload.Gang, the whole gang of a job: these are the parts of it raygate books.)"""
 
     managed: tuple[PodSet, ...]
     provision: bool
     group: GroupSpec | None
-    group_rules: GroupRules | None = None
     fingerprint: str = ""  # of the managed pod sets: what a request for them books
 
     def request_name(self, w: Workload, attempt: int) -> str:
         return children.request_name(w, attempt, self.fingerprint)
 
 
-def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
+def needs_of(w: Workload, rules: ObjectRules) -> Needs:
     """Raises BadInput for a job that cannot be admitted as written."""
+    policy = rules.policy
     try:
         gang = w.gang()
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
     managed = tuple(gang.managed_pod_sets(policy.manages))
-    rules = group_rules(policy.mode)
     try:
-        group = rules.recorded(w) if rules is not None else None
+        group = rules.group.recorded(w) if rules.group is not None else None
     except ManifestError as err:
         raise BadInput(str(err)) from None
     # The webhook refused these at create and on update; checked again before anything is asked of the
     # autoscaler (a job held before a limit was lowered, or past a webhook that was down).
-    if problems := [*booking.refusals(policy, gang), *limits.problems(w.namespace, policy, gang)]:
+    problems = booking.refusals(policy, gang) if rules.books else []
+    if problems := [*problems, *limits.problems(w.namespace, policy, gang, books=rules.books)]:
         raise BadInput("; ".join(problems))
     try:
         fingerprint = children.fingerprint(w, managed)
     except ManifestError as err:
         raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
-    return Needs(managed, policy.provisions and bool(managed), group, rules, fingerprint)
+    return Needs(managed, rules.books and bool(managed), group, fingerprint)
 
 
 # --- one function per state ---------------------------------------------------------------------
 
-def _pending(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None) -> Plan:
+def _pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None) -> Plan:
+    policy = rules.policy
     try:
-        needs = needs_of(w, policy)
+        needs = needs_of(w, rules)
         attempt = _pending_attempt(w)
         name = needs.request_name(w, attempt)
         plan = Plan(_delete_requests(obs, keep=name if needs.provision else None))
-        if needs.group is not None and needs.group_rules is not None:
-            held = _ensure_group(w, obs, policy, needs.group, needs.group_rules, plan)
+        if needs.group is not None and rules.group is not None:
+            held = _ensure_group(w, obs, rules, needs.group, rules.group, plan)
             if held is not None:
                 return held
         if not needs.provision:
-            return _admit(w, plan, None, policy, needs, now)
+            return _admit(w, plan, None, rules, needs, now)
         plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
     except BadInput as err:
-        return fail(w, obs, str(err))
+        return fail(w, obs, rules, str(err))
     b = _builder(w)
     b.set(STATE_PATH, keys.State.PROVISIONING.value)
     b.set(_annotation(keys.REQUEST_ANNOTATION), name)
@@ -319,16 +333,17 @@ def _deleting(obj: Mapping[str, Any]) -> bool:
     return bool(get(obj, ("metadata", "deletionTimestamp")))
 
 
-def _ensure_group(w: Workload, obs: Observed, policy: NamespacePolicy, spec: GroupSpec, rules: GroupRules,
+def _ensure_group(w: Workload, obs: Observed, rules: ObjectRules, spec: GroupSpec, group: GroupRules,
                   plan: Plan) -> Plan | None:
-    """The held job's group objects: create what is missing (once the prerequisite is met), delete those made
-    for its gang as it was before an edit. Returns the plan when the job must wait first."""
-    if obs.served.known and not rules.resources(obs.served):
-        raise BadInput("; ".join(rules_for(policy.mode).cluster_problems(obs.served))
-                       or f"this cluster serves no API for {', '.join(rules.group_kinds)}")
+    """The held job's group objects (`group`: its rules.group): create what is missing (once the prerequisite
+    is met), delete those made for its gang as it was before an edit. Returns the plan when the job must wait
+    first."""
+    if obs.served.known and not group.resources(obs.served):
+        raise BadInput("; ".join(rules.mode_rules.cluster_problems(obs.served))
+                       or f"this cluster serves no API for {', '.join(group.group_kinds)}")
     mine = [g for g in obs.groups if _name(g) == spec.name]
     # Group objects are immutable where they are native: a job whose gang changed while held gets new ones.
-    plan.actions += [Delete(rules.kind_of(g), _name(g)) for g in obs.groups
+    plan.actions += [Delete(group.kind_of(g), _name(g)) for g in obs.groups
                      if _name(g) != spec.name and not _deleting(g)]
     if any(_deleting(g) for g in mine):
         # Created again under the same name before it is gone, it would vanish under the job's pods.
@@ -337,15 +352,15 @@ def _ensure_group(w: Workload, obs: Observed, policy: NamespacePolicy, spec: Gro
         plan.requeue(GROUP_GONE_RECHECK_SECONDS)
         plan.outcome = Outcome.WAITING
         return plan
-    have = {rules.kind_of(g) for g in mine}
-    missing = [(kind, obj) for kind, obj in rules.group_objects(w, spec, obs.served) if kind not in have]
+    have = {group.kind_of(g) for g in mine}
+    missing = [(kind, obj) for kind, obj in group.group_objects(w, spec, obs.served) if kind not in have]
     if not missing:
         return None
-    if not mine:
-        problem = rules.prerequisite_problem(spec, obs.prerequisite)
+    if not mine and isinstance(group, GroupsWithPrerequisite):
+        problem = group.prerequisite_problem(spec, obs.prerequisite)
         if problem is not None:
-            _hold(w, problem, rules.prerequisite_reason, plan, problem)
-            plan.requeue(min(PREREQUISITE_RECHECK_SECONDS, policy.retry.base_seconds))
+            _hold(w, problem, group.prerequisite_reason, plan, problem)
+            plan.requeue(min(PREREQUISITE_RECHECK_SECONDS, rules.policy.retry.base_seconds))
             plan.outcome = Outcome.PREREQUISITE_MISSING
             return plan
     plan.actions += [Create(kind, obj) for kind, obj in missing]
@@ -386,7 +401,7 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: 
     return actions
 
 
-def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy, needs: Needs,
+def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, needs: Needs,
            now: dt.datetime) -> Plan:
     """One patch: consume annotations on the booked pod templates, unsuspend, state Admitted.
 
@@ -399,16 +414,16 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     generation = get(w.obj, GENERATION_PATH)
     if generation is not None:
         b.ops.append({"op": "test", "path": pointer(GENERATION_PATH), "value": generation})
-    if needs.group is not None and needs.group_rules is not None:
+    if needs.group is not None and rules.group is not None:
         # In the patch that unsuspends: no pod of the job can ever be created without it.
-        needs.group_rules.admit(b, w, needs.group)
+        rules.group.admit(b, w, needs.group)
     if request is not None:
         for p in needs.managed:
             if p.template_path is None:
                 continue
             b.set((*p.template_path, "metadata", "annotations", keys.CONSUME_ANNOTATION), request)
             b.set((*p.template_path, "metadata", "annotations", keys.CLASS_ANNOTATION),
-                  policy.provisioning.class_name)
+                  rules.policy.provisioning.class_name)
     b.set(("spec", "suspend"), False)
     b.set(STATE_PATH, keys.State.ADMITTED.value)
     b.set(_annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
@@ -416,12 +431,12 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     b.remove(_annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     if request is not None:
         why = f"ProvisioningRequest {request} is Provisioned"
-    elif needs.group is not None and needs.group_rules is not None:
-        why = needs.group_rules.schedules(needs.group)
+    elif needs.group is not None and rules.group is not None:
+        why = rules.group.schedules(needs.group)
     elif needs.managed:
         why = "ProvisioningRequests are disabled for this namespace"
     else:
-        why = f"no pod set requests {policy.managed_names()}, so no capacity request was needed"
+        why = f"no pod set requests {rules.policy.managed_names()}, so no capacity request was needed"
     b.set(_annotation(keys.REASON_ANNOTATION), f"admitted: {why}")
     created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
     held = f" after {max((now - created).total_seconds(), 0):.0f}s held" if created else ""
@@ -433,24 +448,25 @@ def _admit(w: Workload, plan: Plan, request: str | None, policy: NamespacePolicy
     return plan
 
 
-def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime,
+def _provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime,
                   version: str | None) -> Plan:
+    policy = rules.policy
     attempt = _int(w.annotations.get(keys.ATTEMPT_ANNOTATION))
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     if attempt is None or not name:
-        return _pending(w, obs, policy, now, version)  # annotations lost: begin again, as Pending
+        return _pending(w, obs, rules, now, version)  # annotations lost: begin again, as Pending
     try:
-        needs = needs_of(w, policy)
+        needs = needs_of(w, rules)
     except BadInput as err:
-        return fail(w, obs, str(err))
+        return fail(w, obs, rules, str(err))
     if name != needs.request_name(w, attempt):
-        return _replace(w, obs, policy, now, version, name)
+        return _replace(w, obs, rules, now, version, name)
     plan = Plan(_delete_requests(obs, keep=name))
-    if needs.group is not None and needs.group_rules is not None:
+    if needs.group is not None and rules.group is not None:
         try:  # the gang may change without changing what is booked (a CPU group): its group follows
-            held = _ensure_group(w, obs, policy, needs.group, needs.group_rules, plan)
+            held = _ensure_group(w, obs, rules, needs.group, rules.group, plan)
         except BadInput as err:
-            return fail(w, obs, str(err))
+            return fail(w, obs, rules, str(err))
         if held is not None:
             return held
     due = parse_time(w.annotations.get(keys.NEXT_ATTEMPT_ANNOTATION))
@@ -463,21 +479,20 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
         try:
             plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
         except BadInput as err:
-            return fail(w, obs, str(err))
+            return fail(w, obs, rules, str(err))
         plan.requeue(policy.provisioning.provisioned_timeout_seconds)
         plan.outcome = Outcome.RETRIED if attempt > 1 else Outcome.REQUESTED
         return plan
     cond = conditions(pr)
-    for ctype, why in (("Failed", "failed"), ("BookingExpired", "lost its booking before the job was admitted"),
-                       ("CapacityRevoked", "lost its capacity before the job was admitted")):
+    for ctype, why in ENDED_BEFORE_ADMISSION.items():
         c = cond.get(ctype)
         if c is not None and c.true:
-            return _retry_or_fail(w, obs, policy, now, attempt, name, why, c, plan, needs)
+            return _retry_or_fail(w, obs, rules, now, attempt, name, why, c, plan, needs)
     if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != needs.fingerprint:
-        return _replace(w, obs, policy, now, version, name)  # it books other pod sets than the job has now
-    accepted, provisioned = cond.get("Accepted"), cond.get("Provisioned")
-    if accepted and accepted.true and provisioned and provisioned.true:
-        return _admit(w, plan, name, policy, needs, now)
+        return _replace(w, obs, rules, now, version, name)  # it books other pod sets than the job has now
+    if booking.provisioned(pr):
+        return _admit(w, plan, name, rules, needs, now)
+    provisioned = cond.get(booking.PROVISIONED)
     # provisionedTimeoutSeconds counts from the autoscaler's first answer that this request is not Provisioned,
     # recorded on the job. A request it has not answered is queued: the cluster-autoscaler takes one request
     # per loop, in no set order, so a new request would only join the same queue, behind a backoff.
@@ -490,7 +505,7 @@ def _provisioning(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.d
     if left <= 0:
         expired = Condition("True", "ProvisionedTimeout", f"not Provisioned within {timeout:g}s of the "
                             "autoscaler's first answer")
-        return _retry_or_fail(w, obs, policy, now, attempt, name, "timed out", expired, plan, needs)
+        return _retry_or_fail(w, obs, rules, now, attempt, name, "timed out", expired, plan, needs)
     if answered and provisioned is not None and since is not None:
         msg = f": {provisioned.message}" if provisioned.message else ""
         _hold(w, f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}", "WaitingForCapacity",
@@ -507,10 +522,10 @@ def not_provisioned_since(w: Workload, request: str) -> dt.datetime | None:
     return parse_time(when) if name == request else None
 
 
-def _replace(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None,
+def _replace(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None,
              old: str) -> Plan:
     """The job's pod sets changed while it was held: a request for the new ones, in the same attempt."""
-    plan = _pending(w, obs, policy, now, version)
+    plan = _pending(w, obs, rules, now, version)
     if plan.outcome == Outcome.REQUESTED:
         why = (f"its pod sets changed after ProvisioningRequest {old} was made; the request was replaced, "
                "so the capacity booked is the capacity it will use")
@@ -519,11 +534,12 @@ def _replace(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.dateti
     return plan
 
 
-def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, attempt: int, name: str,
+def _retry_or_fail(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, attempt: int, name: str,
                    why: str, cond: Condition, plan: Plan, needs: Needs) -> Plan:
+    policy = rules.policy
     detail = f"{cond.reason}: {cond.message}" if cond.message else cond.reason
     if attempt > policy.retry.limit:
-        return fail(w, obs, f"ProvisioningRequest {name} {why} ({detail}); gave up after {attempt} attempt"
+        return fail(w, obs, rules, f"ProvisioningRequest {name} {why} ({detail}); gave up after {attempt} attempt"
                             f"{'s' if attempt > 1 else ''}", event_reason="ProvisioningFailed")
     delay = policy.retry.delay(attempt)
     due = now + dt.timedelta(seconds=delay)
@@ -544,71 +560,72 @@ def _retry_or_fail(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.
     return plan
 
 
-def _group_rewritten(w: Workload, obs: Observed, policy: NamespacePolicy) -> Plan | None:
+def _group_rewritten(w: Workload, obs: Observed, rules: ObjectRules) -> Plan | None:
     """Someone else rewrote the group object raygate made for this job (KubeRay's own Volcano integration
     does, to its own counts): stop the job rather than let the scheduler run another gang than the one
     admitted, and delete the group, so that a new start makes it afresh."""
-    rules = group_rules(policy.mode)
-    if rules is None:
+    drifts = rules.group
+    if not isinstance(drifts, GroupsWithDrift):
         return None
     try:
-        spec = rules.recorded(w)
+        spec = drifts.recorded(w)
     except ManifestError:
         return None
     group = next((g for g in obs.groups if _name(g) == spec.name), None)
-    changes = rules.drift(spec, group) if group is not None else []
+    changes = drifts.drift(spec, group) if group is not None else []
     if not changes or group is None:
         return None
-    plan = fail(w, obs, rules.rewritten(spec, changes), event_reason=rules.rewritten_reason, suspend=True)
-    plan.actions.append(Delete(rules.kind_of(group), spec.name))
+    plan = fail(w, obs, rules, drifts.rewritten(spec, changes), event_reason=drifts.rewritten_reason, suspend=True)
+    plan.actions.append(Delete(drifts.kind_of(group), spec.name))
     plan.outcome = Outcome.GROUP_REWRITTEN
     return plan
 
 
-def _admitted(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime, version: str | None) -> Plan:
-    if (rewritten := _group_rewritten(w, obs, policy)) is not None:
+def _admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None) -> Plan:
+    if (rewritten := _group_rewritten(w, obs, rules)) is not None:
         return rewritten
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     plan = Plan(_delete_requests(obs, keep=name), outcome=Outcome.ADMITTED)
     if w.suspended:
         # Suspended by a user after admission: its pods are gone, and so will its booking be before it
         # could start again. It waits for capacity anew, as any held job.
-        return _requeue(w, obs, policy, name, "was suspended after admission", "Requeued")
-    if podgate.gates_pods(policy):
-        _gate(w, obs, policy, plan, version)
+        return _requeue(w, obs, rules, name, "was suspended after admission", "Requeued")
+    if rules.gates_pods:
+        _gate(w, obs, rules, plan, version)
     pr = obs.request(name) if name else None
-    revoked = conditions(pr).get("CapacityRevoked") if pr is not None else None
+    revoked = conditions(pr).get(booking.CAPACITY_REVOKED) if pr is not None else None
     if revoked is None or not revoked.true or name is None:
         return plan
     detail = f"{revoked.reason}: {revoked.message}" if revoked.message else revoked.reason
-    if policy.provisioning.capacity_revoked is CapacityRevokedAction.REPORT:
+    if rules.policy.provisioning.capacity_revoked is CapacityRevokedAction.REPORT:
         _hold(w, f"capacity of ProvisioningRequest {name} was revoked ({detail}); the job keeps running",
               "CapacityRevoked", plan, name)
         plan.outcome = Outcome.REVOKED_REPORTED
         return plan
-    return _requeue(w, obs, policy, name, f"lost the capacity of ProvisioningRequest {name} ({detail})",
+    return _requeue(w, obs, rules, name, f"lost the capacity of ProvisioningRequest {name} ({detail})",
                     "CapacityRevoked", suspend=True)
 
 
-def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, version: str | None) -> None:
+def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: str | None) -> None:
     """The pod gate of an admitted object: release its gated pods into the slots its Provisioned requests
     book, book the rest as scale-ups, and say why any still wait."""
     every = [*obs.requests, *obs.scale_ups]
-    booked = sum(int(ps.get("count") or 0) for r in every if not gating.finished(r)
+    booked = sum(int(ps.get("count") or 0) for r in every if not booking.ended(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
+    policy = rules.policy
     desired = _desired(w, obs, policy)
-    rules = group_rules(policy.mode)
+    at_pod = rules.group if isinstance(rules.group, GroupsAtThePod) else None
     made = frozenset(_name(g) for g in obs.groups if not _deleting(g))
     closing = frozenset(_name(g) for g in obs.groups if _deleting(g))
     g = gating.plan(obs.pods, obs.requests, obs.scale_ups, obs.templates,
                     desired={key: count for key, (count, _, _) in desired.items()},
                     room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods,
                     most_pending=policy.limits.max_pending_scale_ups,
-                    made=made if rules is not None else None, closing=closing)
-    if rules is not None:
-        plan.actions += _increments(w, obs, rules, g, made)
-        plan.actions += [PatchChild(rules.kind_of(grp), _name(grp), tuple(ops)) for grp in obs.groups
-                         if not _deleting(grp) and (ops := rules.marks(grp, obs.bound.get(_name(grp), {})))]
+                    made=made if at_pod is not None else None, closing=closing)
+    if at_pod is not None:
+        plan.actions += _increments(w, obs, at_pod, g, made)
+        plan.actions += [PatchChild(at_pod.kind_of(grp), _name(grp), tuple(ops)) for grp in obs.groups
+                         if not _deleting(grp) and (ops := at_pod.marks(grp, obs.bound.get(_name(grp), {})))]
         if any(p.group in closing for p in obs.pods if p.gated):
             plan.requeue(GROUP_GONE_RECHECK_SECONDS)  # its pods are released into the group made again
     classes = {_name(r): str(get(r, ("spec", "provisioningClassName")) or "") for r in every}
@@ -640,7 +657,7 @@ def _gate(w: Workload, obs: Observed, policy: NamespacePolicy, plan: Plan, versi
     _say_scale_up(w, _scale_up_reason(g, obs.scale_ups), plan)
 
 
-def _increments(w: Workload, obs: Observed, rules: GroupRules, g: gating.GatePlan, made: frozenset[str]
+def _increments(w: Workload, obs: Observed, rules: GroupsAtThePod, g: gating.GatePlan, made: frozenset[str]
                 ) -> list[Action]:
     """The groups of the pods released now that name one raygate has not made (a scale-up's increment, named by
     the pod webhook), made before their gates are lifted, with minCount = the pods released into them; and the
@@ -690,9 +707,10 @@ def _scale_up_reason(g: gating.GatePlan, scale_ups: tuple[JSON, ...]) -> str | N
     parts = []
     for (pod_set, _), n in sorted(g.waiting.items()):
         requests = [r for r in scale_ups if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION)) == pod_set
-                    and not gating.provisioned(r)]
+                    and not booking.provisioned(r)]
         said = [f"{_name(r)} {t}={c.status} ({c.reason}{': ' + c.message if c.message else ''})"
-                for r in requests for t, c in conditions(r).items() if t in ("Provisioned", "Failed") and c.reason]
+                for r in requests for t, c in conditions(r).items()
+                if t in (booking.PROVISIONED, booking.FAILED) and c.reason]
         parts.append(f"{n} pod{'s' if n != 1 else ''} of pod set {pod_set} wait gated for a booking"
                      + (f": ProvisioningRequest {'; '.join(said)}" if said else
                         f" (ProvisioningRequest {', '.join(_name(r) for r in requests)})" if requests else ""))
@@ -714,14 +732,14 @@ def _say_scale_up(w: Workload, reason: str | None, plan: Plan) -> None:
                           name=children.event_name(w, "ScaleUpWaiting", reason))]
 
 
-def _requeue(w: Workload, obs: Observed, policy: NamespacePolicy, name: str | None, why: str, event_reason: str,
+def _requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, why: str, event_reason: str,
              *, suspend: bool = False) -> Plan:
     """Back to Pending with the next attempt: the job waits for a new request, suspended."""
     attempt = (_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1) + 1
     try:
-        nxt = needs_of(w, policy).request_name(w, attempt)
+        nxt = needs_of(w, rules).request_name(w, attempt)
     except BadInput as err:
-        return fail(w, obs, str(err))
+        return fail(w, obs, rules, str(err))
     reason = f"{why}; {'suspended and ' if suspend else ''}queued again for capacity as {nxt}"
     b = _builder(w)
     if suspend:
@@ -754,25 +772,6 @@ def _hold(w: Workload, reason: str, event_reason: str, plan: Plan, detail: str =
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-def timestamp(t: dt.datetime) -> str:
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def precise_timestamp(t: dt.datetime) -> str:
-    """Milliseconds, so a backoff of a second or two is not cut short by rounding."""
-    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def parse_time(text: object) -> dt.datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
-
 
 def _int(text: object) -> int | None:
     try:

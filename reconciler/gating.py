@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygate.core import keys, podgate
-from raygate.core.conditions import conditions
+from raygate.core.booking import ended, provisioned
 from raygate.core.objects import JSON, get, meta_str
 
 Key = tuple[str, str]  # (pod set, placement digest)
@@ -72,17 +72,6 @@ class GatePlan:
     refused: list[str] = field(default_factory=list)  # why some waiting pods get no request (limits)
 
 
-def provisioned(request: Mapping[str, Any]) -> bool:
-    found = conditions(request)
-    return all(c in found and found[c].true for c in ("Accepted", "Provisioned"))
-
-
-def finished(request: Mapping[str, Any]) -> bool:
-    """A scale-up request that will never provision as it is: failed, or its booking expired unused."""
-    found = conditions(request)
-    return any(c in found and found[c].true for c in ("Failed", "BookingExpired", "CapacityRevoked"))
-
-
 def slots(requests: Sequence[JSON], templates: Sequence[JSON]) -> list[Slots]:
     """The booked slots of the Provisioned requests, per pod set, from the PodTemplates they name."""
     by_name = {meta_str(t, "name"): t for t in templates}
@@ -105,7 +94,7 @@ def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> d
     by_name = {meta_str(t, "name"): t for t in templates}
     out: dict[Key, list[tuple[str, int]]] = defaultdict(list)
     for r in sorted(scale_ups, key=lambda r: (meta_str(r, "creationTimestamp"), meta_str(r, "name"))):
-        if provisioned(r) or finished(r):
+        if provisioned(r) or ended(r):
             continue
         for ps in get(r, ("spec", "podSets")) or []:
             template = by_name.get(str(get(ps, ("podTemplateRef", "name")) or ""))
@@ -190,7 +179,7 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
                 out.delete.append(s.request)
                 booked -= s.count
     # A scale-up that failed is replaced (above, as if it were not there) and goes.
-    out.delete += [meta_str(r, "name") for r in scale_ups if finished(r) and not provisioned(r)]
+    out.delete += [meta_str(r, "name") for r in scale_ups if ended(r) and not provisioned(r)]
     return out
 
 

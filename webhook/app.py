@@ -22,9 +22,9 @@ import orjson
 from flask import Flask, Response
 
 from raygate.webhook import metrics
+from raygate.webhook.body_limits import BodyLimits
 from raygate.webhook.decision import Decide, mutate, validate
 from raygate.webhook.handler import answer
-from raygate.webhook.limits import BodyLimits
 from raygate.webhook.review import kind_of, username
 from raygate.webhook.state import WebhookState
 

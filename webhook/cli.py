@@ -8,7 +8,7 @@ from pathlib import Path
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
-from raygate.webhook.limits import DEFAULT_MAX_BODY
+from raygate.webhook.body_limits import DEFAULT_MAX_BODY
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from raygate.core import dra, identity, keys, limits, podgate
-from raygate.core.modes import NO_MEMBERS, Members, recorded_mode, rules_for
+from raygate.core import booking, dra, identity, keys, limits, podgate
+from raygate.core.modes import NO_MEMBERS, Members, ObjectRules, for_object
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.policy import NamespacePolicy, RaygateConfig
@@ -22,22 +22,21 @@ from raygate.webhook.verdict import Decision, allow, refuse
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
 
 
-def _kuberay_child(w: Workload, user: str, config: RaygateConfig) -> bool:
+def _kuberay_child(w: Workload, user: str, config: RaygateConfig, policy: NamespacePolicy) -> bool:
     """KubeRay's own cluster for a RayJob that raygate admitted (or that another system admits): leave it alone.
 
     Decided by who asks, not by what the object claims: anyone may write an ownerReference or a
     label. Only the KubeRay operator creates a RayJob's cluster, and it copies the job's labels and
     annotations onto it; users cannot write raygate's keys on a job (the guard), so a state of
-    Admitted here is the admitted job's own.
+    Admitted, or the mode recorded here, is the job's own (so its rules are read from them).
     """
     if w.rayjob_parent() is None or user not in config.ray_operator_users:
         return False
-    mode = recorded_mode(w.annotations)
-    return w.labels.get(keys.STATE_LABEL) == keys.State.ADMITTED or (mode is not None and not rules_for(mode).holds)
+    return w.labels.get(keys.STATE_LABEL) == keys.State.ADMITTED or not for_object(policy, w.annotations).holds
 
 
-def _skip_reason(w: Workload, user: str, config: RaygateConfig) -> str | None:
-    if _kuberay_child(w, user, config):
+def _skip_reason(w: Workload, user: str, config: RaygateConfig, policy: NamespacePolicy) -> str | None:
+    if _kuberay_child(w, user, config, policy):
         return "skipped-owned-by-rayjob"  # its RayJob was gang-admitted already
     if w.uses_cluster_selector:
         return "skipped-cluster-selector"  # runs on an existing cluster: there is no gang to admit
@@ -46,14 +45,14 @@ def _skip_reason(w: Workload, user: str, config: RaygateConfig) -> str | None:
     return None
 
 
-def _gpu_submitter(w: Workload, policy: NamespacePolicy) -> str | None:
+def _gpu_submitter(w: Workload, rules: ObjectRules) -> str | None:
     """A RayJob on an existing cluster (clusterSelector) whose submitter pod asks for GPUs, where pods are gated.
     raygate cannot hold such a job (KubeRay refuses to suspend a clusterSelector RayJob, for good), so its
     submitter's GPUs could never be booked: it would stay gated for ever."""
     template = get(w.obj, ("spec", "submitterPodTemplate"))
-    if w.submission_mode != "K8sJobMode" or not isinstance(template, dict) or not podgate.gates_pods(policy):
+    if w.submission_mode != "K8sJobMode" or not isinstance(template, dict) or not rules.gates_pods:
         return None
-    managed, uncounted = podgate.managed_request(template, policy, w.claim_templates, w.namespace)
+    managed, uncounted = podgate.managed_request(template, rules.policy, w.claim_templates, w.namespace)
     if not managed and not uncounted:
         return None
     return (f"its submitter pod asks for {', '.join(sorted(managed) or uncounted)}, and it runs on an existing cluster "
@@ -168,7 +167,8 @@ def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, conf
     subject = _subject(request, ns_labels, config, claims)
     if isinstance(subject, Decision):
         return subject
-    return _admit(*subject, config, username(request))
+    w, namespace = subject
+    return _admit(w, namespace, for_object(config.policy_for(namespace)), config, username(request))
 
 
 def _operator_update(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
@@ -203,34 +203,35 @@ def _strip_user_claims(b: PatchBuilder, w: Workload) -> None:
             b.remove((*template, "metadata", "annotations", key))
 
 
-def _admit(w: Workload, namespace: str, config: RaygateConfig, user: str) -> Decision:
-    """Refuse, or hold and patch, an opted-in Ray object being created."""
-    skip = _skip_reason(w, user, config)
+def _admit(w: Workload, namespace: str, rules: ObjectRules, config: RaygateConfig, user: str) -> Decision:
+    """Refuse, or hold and patch, an opted-in Ray object being created (`rules`: its namespace's, for_object)."""
+    policy = rules.policy
+    skip = _skip_reason(w, user, config, policy)
     if skip == "skipped-owned-by-rayjob":
         return _parent_record(w)
-    policy = config.policy_for(namespace)
-    if skip == "skipped-cluster-selector" and (problem := _gpu_submitter(w, policy)) is not None:
-        return refuse(f"raygate refused {w.kind} {w.name}: {problem}", mode=policy.mode)
+    if skip == "skipped-cluster-selector" and (problem := _gpu_submitter(w, rules)) is not None:
+        return refuse(f"raygate refused {w.kind} {w.name}: {problem}", mode=rules.mode)
     if skip:
         return allow(skip)
-    mode_rules = rules_for(policy.mode)
     b = PatchBuilder(w.obj)
     warnings: list[str] = []
     try:
         problems = _rayjob_refusals(w, policy, b, warnings)
         gang = w.gang()
-        problems += mode_rules.refusals(w, policy, gang)
-        problems += limits.problems(namespace, policy, gang)
+        if rules.books:
+            problems += booking.refusals(policy, gang)
+        problems += rules.mode_rules.refusals(w, policy, gang)
+        problems += limits.problems(namespace, policy, gang, books=rules.books)
     except ManifestError as err:
-        return refuse(f"raygate cannot read this {w.kind}: {err}", mode=policy.mode)
+        return refuse(f"raygate cannot read this {w.kind}: {err}", mode=rules.mode)
     if problems:
-        return refuse(f"raygate refused {w.kind} {w.name}: " + "; ".join(problems), mode=policy.mode)
-    mode_rules.apply(b, w, policy, gang)
-    b.set(("metadata", "annotations", keys.MODE_ANNOTATION), policy.mode.value)
+        return refuse(f"raygate refused {w.kind} {w.name}: " + "; ".join(problems), mode=rules.mode)
+    rules.mode_rules.apply(b, w, policy, gang)
+    b.set(("metadata", "annotations", keys.MODE_ANNOTATION), rules.mode.value)
     _strip_user_claims(b, w)
     return Decision(
         allowed=True, outcome="mutated" if b.ops else "unchanged", patch=b.ops, warnings=warnings, gang=gang,
-        mode=policy.mode,
+        mode=rules.mode,
     )
 
 
@@ -258,7 +259,8 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
     user = username(request)
     if request.get("operation") == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
-        decision = _admit(w, namespace, config, user)
+        rules = for_object(config.policy_for(namespace))
+        decision = _admit(w, namespace, rules, config, user)
         if not decision.allowed:
             return decision
         if decision.outcome == "skipped-owned-by-rayjob" and decision.patch:
@@ -268,42 +270,39 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
                           "raygate-mutating`)")
         if decision.mode is None:
             return allow("valid")
-        rules = rules_for(decision.mode)
-        if (problem := rules.stored_problem(w, namespace)) is not None:
-            return refuse(problem, mode=decision.mode)
+        if (problem := rules.mode_rules.stored_problem(w, namespace)) is not None:
+            return refuse(problem, mode=rules.mode)
         if rules.holds and decision.patch:
-            return refuse(_not_held(w, namespace, decision.patch), mode=decision.mode)
+            return refuse(_not_held(w, namespace, decision.patch), mode=rules.mode)
         return allow("valid")
     if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
         return allow("skipped-operation")
     if user in config.trusted_users:
         return allow("trusted")
     old = Workload(request["oldObject"], claims)  # type: ignore[arg-type]
-    policy = config.policy_for(namespace)
-    if (over := _over_limits(old, w, namespace, policy)) is not None:
+    rules = for_object(config.policy_for(namespace), old.annotations)
+    if (over := _over_limits(old, w, namespace, rules)) is not None:
         return over
-    if w.uses_cluster_selector and (problem := _gpu_submitter(w, policy)) is not None:
-        return refuse(f"raygate refused this change of {w.kind} {w.name}: {problem}", mode=policy.mode)
-    rules = rules_for(policy.recorded_mode(old.annotations))
+    if w.uses_cluster_selector and (problem := _gpu_submitter(w, rules)) is not None:
+        return refuse(f"raygate refused this change of {w.kind} {w.name}: {problem}", mode=rules.mode)
     if not rules.holds:
         return allow("admitted-elsewhere")  # the system that admits here (Kueue) guards its own jobs
-    changes = guard.forbidden_changes(old, w, rules, policy.manages,
-                                      pods_gated=podgate.gates_pods(policy.for_mode(rules.mode)))
+    changes = guard.forbidden_changes(old, w, rules.mode_rules, rules.policy.manages, pods_gated=rules.gates_pods)
     if not changes:
         return allow("valid")
     return refuse(guard.refusal(w, old, namespace, changes), code=403)
 
 
-def _over_limits(old: Workload, new: Workload, namespace: str, policy: NamespacePolicy) -> Decision | None:
+def _over_limits(old: Workload, new: Workload, namespace: str, rules: ObjectRules) -> Decision | None:
     """An update that takes the object over a limit, in any state and any mode, is refused with the numbers
     (one that stays over a limit it was already over without growing is left to the other checks)."""
     if new.uses_cluster_selector:
         return None
     gang = new.gang()
-    problems = limits.problems(namespace, policy, gang)
+    problems = limits.problems(namespace, rules.policy, gang, books=rules.books)
     if not problems or not limits.grows(old.gang(), gang):
         return None
-    return refuse(f"raygate refused this change of {new.kind} {new.name}: " + "; ".join(problems), mode=policy.mode)
+    return refuse(f"raygate refused this change of {new.kind} {new.name}: " + "; ".join(problems), mode=rules.mode)
 
 
 def _not_held(w: Workload, namespace: str, patch: list[PatchOp]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from raygate.core import dra, identity, keys, podgate
+from raygate.core.modes import for_object
 from raygate.core.objects import controller_ref, get
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
@@ -47,7 +48,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     namespace = str(request.get("namespace") or get(job, ("metadata", "namespace")) or "")
     policy = config.policy_for(namespace)
     template = get(job, ("spec", "template"))
-    if owner is not None and record == identity.NO_RAY_OWNER and podgate.gates_pods(policy) and isinstance(
+    if owner is not None and record == identity.NO_RAY_OWNER and for_object(policy).gates_pods and isinstance(
             template, dict) and podgate.needs_gate(template, policy, claims, namespace):
         return refuse(f"this Job's pods ask for {policy.managed_names()} and it claims to be {owner.kind} "
                       f"{owner.name}'s (a controller reference), but {user or 'an unknown user'} is not KubeRay's "

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raygate.core import dra, identity, keys, podgate
-from raygate.core.modes import NO_MEMBERS, Members, all_group_rules
+from raygate.core.modes import NO_MEMBERS, Members, all_groups_at_the_pod, for_object
 from raygate.core.objects import get, labels, metadata
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
@@ -40,7 +40,7 @@ def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
 def _in_group(pod: Mapping[str, object]) -> bool:
     """A pod of a gang that some mode schedules through a group (its template says which, whatever the
     namespace's mode is now: a job keeps the mode it was admitted under)."""
-    return any(r.names_group(pod) is not None for r in all_group_rules())
+    return any(r.names_group(pod) is not None for r in all_groups_at_the_pod())
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -57,7 +57,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
-    books = podgate.gates_pods(policy)
+    books = for_object(policy).gates_pods
     gated = books and podgate.needs_gate(pod, policy, claims, namespace)
     b = PatchBuilder(pod)
     if books:
@@ -80,7 +80,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
         b.set(("metadata", "annotations", keys.RAY_OWNER_ANNOTATION), who.record)
     if gated:
         podgate.gate(b, pod)
-    for rules in all_group_rules():
+    for rules in all_groups_at_the_pod():
         rules.pod_patch(b, pod, namespace, gated, members)
     outcome = ("gated" if gated else "grouped") if b.ops else "unchanged"
     return Decision(allowed=True, outcome=outcome, patch=b.ops, mode=policy.mode)
@@ -93,13 +93,14 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
         return allow(subject)
     pod, namespace = subject
     policy = config.policy_for(namespace)
+    gates = for_object(policy).gates_pods
     if request.get("operation") == "CREATE":
         # Validation runs after every mutating webhook (and after the API server dropped the fields it does not
         # serve): the pod must be stored gated, with raygate's record of whose it is, and in its group.
-        for rules in all_group_rules():
+        for rules in all_groups_at_the_pod():
             if (problem := rules.pod_problem(pod)) is not None:
                 return refuse(problem, mode=policy.mode)
-        if not podgate.gates_pods(policy):
+        if not gates:
             return allow("pod-not-gated-here")
         if podgate.needs_gate(pod, policy, claims, namespace) and not podgate.gated(pod):
             return refuse(f"pod {get(pod, ('metadata', 'name')) or ''} asks for {policy.managed_names()} and would "
@@ -109,7 +110,7 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
         if problem := _stored_claims(pod, username(request), config):
             return refuse(problem, mode=policy.mode)
         return allow("valid")
-    if not podgate.gates_pods(policy):
+    if not gates:
         return allow("pod-not-gated-here")
     old = request.get("oldObject")
     if request.get("operation") != "UPDATE" or not isinstance(old, dict):

@@ -15,7 +15,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from raygate.core import logs
-from raygate.webhook.limits import DEFAULT_MAX_BODY, BodyLimits
+from raygate.webhook.body_limits import DEFAULT_MAX_BODY, BodyLimits
 from raygate.webhook.tls import gunicorn_ssl_context
 
 log = logging.getLogger("raygate.webhook")
@@ -101,7 +101,7 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
 # raygate_config_valid (multiprocess mode "min") would hide every worker's 1.
 PRELOAD = (
     "flask", "prometheus_client", "pydantic", "raygate.core.policy", "raygate.kube.client", "raygate.kube.configsource",
-    "raygate.kube.informer", "raygate.webhook.decision", "raygate.webhook.handler", "raygate.webhook.limits",
+    "raygate.kube.informer", "raygate.webhook.decision", "raygate.webhook.handler", "raygate.webhook.body_limits",
 )
 
 

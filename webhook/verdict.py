@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raygate.core.modes import Mode
+from raygate.core.keys import Mode
 from raygate.core.patch import PatchOp
 from raygate.core.workload import Gang
 

@@ -1,21 +1,51 @@
-"""What one ProvisioningRequest can book for a job: the rules shared by every mode that books.
+"""What one ProvisioningRequest can book for a job, the rules shared by every mode that books, and what a
+request's conditions say together.
 
-(Whether a namespace books at all is its policy's `provisions`; how the request is built is the
-reconciler's, reconciler/children.py.)
+(Whether an object's capacity is booked at all is its rules' `books`, raygate.core.modes.for_object; how
+the request is built is the reconciler's, reconciler/children.py.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from raygate.core import dra, keys
+from raygate.core.conditions import conditions
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, PodSet
 
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
-
 AUTOSCALER_DRA_ISSUE = "kubernetes/autoscaler#10065"
+
+# A request's condition types, as the cluster-autoscaler sets them.
+ACCEPTED = "Accepted"
+PROVISIONED = "Provisioned"
+FAILED = "Failed"
+BOOKING_EXPIRED = "BookingExpired"
+CAPACITY_REVOKED = "CapacityRevoked"  # GKE sets it; the open-source autoscaler never does
+ENDED = (FAILED, BOOKING_EXPIRED, CAPACITY_REVOKED)
+"""Any of these True: the request will never provision, or book, as it is."""
+
+
+def _any_true(request: Mapping[str, Any], types: tuple[str, ...]) -> bool:
+    found = conditions(request)
+    return any(t in found and found[t].true for t in types)
+
+
+def provisioned(request: Mapping[str, Any]) -> bool:
+    """Its capacity is booked: Accepted and Provisioned both True."""
+    found = conditions(request)
+    return all(t in found and found[t].true for t in (ACCEPTED, PROVISIONED))
+
+
+def ended(request: Mapping[str, Any]) -> bool:
+    """It will never provision as it is: it failed, or its booking expired or was revoked."""
+    return _any_true(request, ENDED)
+
+
+def settled(request: Mapping[str, Any]) -> bool:
+    """It asks for one patch of its job (admit, retry or give up): Provisioned, or ended."""
+    return _any_true(request, (PROVISIONED, *ENDED))
 
 
 def too_many_pod_sets(managed: Sequence[PodSet], policy: NamespacePolicy) -> str | None:
@@ -47,9 +77,7 @@ def claimed_devices(gang: Gang, policy: NamespacePolicy) -> list[str]:
 
 
 def refusals(policy: NamespacePolicy, gang: Gang) -> list[str]:
-    """What keeps a job's pod sets from fitting into one ProvisioningRequest, where the namespace books."""
-    if not policy.provisions:
-        return []
+    """What keeps a job's pod sets from fitting into one ProvisioningRequest (asked where its capacity is booked)."""
     out = claimed_devices(gang, policy)
     problem = too_many_pod_sets(gang.managed_pod_sets(policy.manages), policy)
     return [*out, problem] if problem else out

@@ -64,6 +64,15 @@ class ChildKind(StrEnum):
     WORKLOAD = "Workload"  # Kubernetes' own (native mode)
 
 
+# What raygate does in a namespace (NamespacePolicy.mode); each mode's rules are its class in raygate.core.modes.
+# (A comment, not a docstring: the chart's values.schema.json would carry a docstring as the enum's description.)
+class Mode(StrEnum):
+    PROVISIONING = "provisioning"
+    VOLCANO = "volcano"
+    KUEUE = "kueue"
+    NATIVE = "native"
+
+
 class State(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"

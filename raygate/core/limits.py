@@ -11,13 +11,10 @@ may grow it without an edit), not the pods it starts with.
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING
 
 from raygate.core import quantity as q
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 _SHOWN = 3  # pod sets named in a message, largest first
 
@@ -32,15 +29,16 @@ def request_pods(gang: Gang, policy: NamespacePolicy) -> int:
     return sum(p.count for p in gang.managed_pod_sets(policy.manages))
 
 
-def problems(namespace: str, policy: NamespacePolicy, gang: Gang) -> list[str]:
-    """Each limit the object is over, with the numbers and what to change; [] when it fits."""
+def problems(namespace: str, policy: NamespacePolicy, gang: Gang, *, books: bool) -> list[str]:
+    """Each limit the object is over, with the numbers and what to change; [] when it fits. `books`: its capacity
+    is booked (maxRequestPods applies)."""
     out = []
     limits = policy.limits
     if gang.ceiling_pods > limits.max_pods:
         out.append(f"it can run up to {gang.ceiling_pods:,} pods ({_largest(gang)}), but namespace {namespace} "
                    f"allows at most {limits.max_pods:,} per object (limits.maxPods in raygate-config): lower "
                    "replicas, or maxReplicas of groups with in-tree autoscaling")
-    if policy.provisions and (pods := request_pods(gang, policy)) > limits.max_request_pods:
+    if books and (pods := request_pods(gang, policy)) > limits.max_request_pods:
         out.append(f"its ProvisioningRequest would book {pods:,} pods, but namespace {namespace} allows at most "
                    f"{limits.max_request_pods:,} per request (limits.maxRequestPods in raygate-config): lower the "
                    f"replicas of the groups that request {policy.managed_names()}")

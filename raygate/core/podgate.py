@@ -17,22 +17,18 @@ Pure: pods in, patch operations or verdicts out.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raygate.core import dra, keys
 from raygate.core import quantity as q
 from raygate.core.identity import pod_set_of as pod_set_of
-from raygate.core.modes import rules_for
+from raygate.core.names import digest
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
 from raygate.core.workload import ManifestError, pod_request
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 # Pod spec fields that decide which nodes a pod fits on, besides its resource requests.
 PLACEMENT_FIELDS = ("nodeSelector", "affinity", "tolerations", "topologySpreadConstraints", "priorityClassName",
@@ -63,10 +59,6 @@ def fields_view(spec: Any, fields: tuple[str, ...]) -> JSON:
     if not isinstance(spec, Mapping):
         return {}
     return {k: v for k in fields if (v := pruned(spec.get(k))) not in (None, {}, [])}
-
-
-def digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _by_admission(toleration: Any, requested: Mapping[str, Any]) -> bool:
@@ -129,17 +121,10 @@ def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
         view["tolerations"] = kept
         if not kept:
             del view["tolerations"]
-    return digest({"managed": q.render(managed), **view})
+    return digest({"managed": q.render(managed), **view}, 16)
 
 
 # --- at the webhook ---------------------------------------------------------------------------------
-
-def gates_pods(policy: NamespacePolicy) -> bool:
-    """Where pods are gated: in a namespace where raygate holds jobs and books their capacity. In kueue mode
-    Kueue is the gate; in volcano mode without ProvisioningRequests the PodGroup is (Volcano binds the
-    gang whole or not at all, and growth after admission is refused there)."""
-    return rules_for(policy.mode).holds and policy.provisions
-
 
 def gated(pod: Mapping[str, Any]) -> bool:
     gates = get(pod, ("spec", "schedulingGates"))

@@ -3,23 +3,25 @@
 Unknown keys are rejected, fields are camelCase, and every error names its field path, so an admin
 sees exactly what to change. Per-namespace overrides are merged over `defaults` and validated as a
 whole, so a bad override is reported under `namespaces.<name>.<field>`.
+
+The models are data: they name a mode and know nothing of it. What a mode makes of a policy (whether it
+books by default, which settings it cannot run with, what the cluster must serve for it) is the mode's,
+asked by the loader above the modes (raygate.core.config) and by raygate.core.modes.for_object.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from enum import StrEnum
 from functools import cached_property
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from raygate.core import keys, quantity
-from raygate.core.api import OFFLINE, Served
-from raygate.core.modes import Mode, recorded_mode, rules_for
+from raygate.core.keys import Mode
 
 PROTECTED_NAMESPACES = frozenset({"kube-system", keys.SYSTEM_NAMESPACE})
 # GPUs as the device plugins name them: NVIDIA's whole GPUs and its MIG slices (one resource per slice
@@ -164,18 +166,6 @@ class NamespacePolicy(_Strict):
                 raise ValueError(f"{name}: {err}") from None
         return v
 
-    @model_validator(mode="after")
-    def _fits_its_mode(self) -> NamespacePolicy:
-        problems = rules_for(self.mode).config_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-    def recorded_mode(self, annotations: Mapping[str, str]) -> Mode:
-        """The mode the webhook applied to an object (the namespace may have changed mode since);
-        this namespace's mode for an object the webhook never saw."""
-        return recorded_mode(annotations) or self.mode
-
     def for_mode(self, mode: Mode) -> NamespacePolicy:
         """This policy as it applies to an object held under `mode`: a held job finishes under the mode it
         was held with, so a namespace that changes mode strands none. Provisioning falls back to that
@@ -184,12 +174,6 @@ class NamespacePolicy(_Strict):
             return self
         return self.model_copy(update={"mode": mode, "provisioning": self.provisioning.model_copy(
             update={"enabled": None})})
-
-    @property
-    def provisions(self) -> bool:
-        if self.provisioning.enabled is not None:
-            return self.provisioning.enabled
-        return rules_for(self.mode).provisions_by_default
 
     @cached_property
     def _managed(self) -> tuple[frozenset[str], tuple[str, ...], frozenset[str]]:
@@ -338,7 +322,8 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _problems(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[str]:
+def field_problems(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[str]:
+    """One `path: message` line per error of a model's validation, under `prefix`."""
     out = []
     for e in err.errors():
         path = ".".join(str(p) for p in (*prefix, *e["loc"])) or "(root)"
@@ -347,10 +332,9 @@ def _problems(err: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[
     return out
 
 
-def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
-    """Parse and fully validate `config.yaml`; raise ConfigError naming every bad field. `served`: what the
-    cluster serves (discovery, when the component started): a mode it cannot run is refused here, so the
-    last good config stays (OFFLINE: not checked)."""
+def parse_fields(text: str) -> RaygateConfig:
+    """`config.yaml` parsed into the models, every field checked; raises ConfigError naming each bad one.
+    (raygate.core.config.parse_config also checks each namespace's policy against its mode and the cluster.)"""
     try:
         raw = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as err:
@@ -359,27 +343,9 @@ def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
         raise ConfigError(["config.yaml must be a mapping with keys such as defaults and namespaces"])
     try:
         # camelCase only: a snake_case key is an unknown key, not a silent synonym.
-        cfg = RaygateConfig.model_validate(raw, by_alias=True, by_name=False)
+        return RaygateConfig.model_validate(raw, by_alias=True, by_name=False)
     except ValidationError as err:
-        raise ConfigError(_problems(err)) from None
-    problems = [f"defaults.mode: {p}" for p in rules_for(cfg.defaults.mode).cluster_problems(served)]
-    for ns, override in cfg.namespaces.items():
-        if ns in PROTECTED_NAMESPACES:
-            problems.append(f"namespaces.{ns}: raygate never acts in {ns}; remove this entry")
-            continue
-        if not isinstance(override, dict):
-            problems.append(f"namespaces.{ns}: must be a mapping of fields from defaults")
-            continue
-        try:
-            merged = merge_override(cfg.defaults, override)
-        except ValidationError as err:
-            problems.extend(_problems(err, ("namespaces", ns)))
-            continue
-        if merged.mode is not cfg.defaults.mode:
-            problems += [f"namespaces.{ns}.mode: {p}" for p in rules_for(merged.mode).cluster_problems(served)]
-    if problems:
-        raise ConfigError(problems)
-    return cfg
+        raise ConfigError(field_problems(err)) from None
 
 
 DEFAULT_CONFIG = RaygateConfig()

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
-
-if TYPE_CHECKING:  # the policy model imports the modes, which use this module
-    from raygate.core.policy import NamespacePolicy
 
 
 def chosen(w: Workload, policy: NamespacePolicy, label: str, configured: str | None) -> str | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from raygate.core import keys, pki
 from raygate.core.errors import RaygateError
 from raygate.devenv.controlplane import ControlPlane, alive, free_port
-from raygate.webhook.registration import configurations
+from raygate.devenv.registration import configurations
 
 DEMO_NAMESPACE = "demo"
 

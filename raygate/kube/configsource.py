@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from raygate.core import keys
 from raygate.core.api import CONFIGMAPS, OFFLINE, Served
+from raygate.core.config import parse_config
 from raygate.core.objects import JSON, meta_str
-from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig, parse_config
+from raygate.core.policy import DEFAULT_CONFIG, ConfigError, RaygateConfig
 from raygate.kube import events
 from raygate.kube.client import Kube
 from raygate.kube.informer import Informer

@@ -9,6 +9,7 @@ from typing import Any
 
 from raygate.core.api import EVENTS
 from raygate.core.objects import metadata
+from raygate.core.times import timestamp
 from raygate.kube.client import ApiError, Kube
 
 log = logging.getLogger("raygate.events")
@@ -23,7 +24,7 @@ def record(kube: Kube, obj: dict[str, Any], reason: str, message: str, *, warnin
     """
     found = metadata(obj)
     namespace = str(found.get("namespace") or "default")
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = timestamp(dt.datetime.now(dt.UTC))
     event = {
         "metadata": {"name": name or f"{found.get('name', 'object')}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
         "involvedObject": {

@@ -8,7 +8,7 @@ from flask import Response
 
 from raygate.kube.configsource import ConfigSource
 from raygate.webhook.app import create_app
-from raygate.webhook.limits import BodyLimits
+from raygate.webhook.body_limits import BodyLimits
 from raygate.webhook.state import WebhookState
 
 MAX_BODY = 1024 * 1024

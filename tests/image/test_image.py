@@ -40,7 +40,7 @@ from raygate.devenv.raygate_local import (
     unregister_webhook,
     write_tls,
 )
-from raygate.webhook.registration import configurations
+from raygate.devenv.registration import configurations
 
 pytestmark = pytest.mark.image
 
@@ -83,9 +83,14 @@ def run_in_image(*args: str, entrypoint: str | None = None) -> subprocess.Comple
     return podman(*RUN, *extra, IMAGE, *args)
 
 
+# raygate as the wheel installs it: without the workshop (raygate/devenv, which this checkout has).
+AS_INSTALLED = ("import sys; sys.modules['raygate.devenv'] = None; from raygate.cli import main; "
+                "sys.exit(main())")
+
+
 def local_help(*args: str) -> str:
     env = {**os.environ, "COLUMNS": COLUMNS}
-    proc = subprocess.run([sys.executable, "-m", "raygate", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", AS_INSTALLED, *args], capture_output=True, text=True,
                           env=env, check=True)
     return proc.stdout
 

@@ -24,7 +24,7 @@ from waiting import wait
 
 from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane, free_port
-from raygate.webhook.registration import configurations
+from raygate.devenv.registration import configurations
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,8 @@ import yaml
 from waiting import wait
 
 from raygate.core import keys
-from raygate.core.policy import ConfigError, RaygateConfig, parse_config
+from raygate.core.config import parse_config
+from raygate.core.policy import ConfigError, RaygateConfig
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 

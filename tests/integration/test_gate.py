@@ -32,7 +32,17 @@ from builders import RayCluster, RayJob, worker_group
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.api import EVENTS, LEASES, PODGROUPS, PODS, PODTEMPLATES, RAYCLUSTERS, RAYJOBS, VOLCANO_QUEUES
+from raygate.core.api import (
+    EVENTS,
+    LEASES,
+    PODGROUPS,
+    PODS,
+    PODTEMPLATES,
+    RAYCLUSTERS,
+    RAYJOBS,
+    VOLCANO_QUEUES,
+    Resource,
+)
 from raygate.core.api import provisioning_requests as _provisioning_requests
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
@@ -216,10 +226,10 @@ def _gpus(pod: JSON) -> int:
     return n
 
 
-def _found(get: Any) -> JSON | None:
-    """The object, or None when the API server says it does not exist."""
+def _found(env: Env, res: Resource, name: str, ns: str) -> JSON | None:
+    """The object, or None when the API server answers that it does not exist (any other error is raised)."""
     try:
-        return get()  # type: ignore[no-any-return]
+        return env.kube.get(res, name, ns)
     except ApiError as err:
         if err.not_found:
             return None
@@ -229,13 +239,13 @@ def _found(get: Any) -> JSON | None:
 def _root(env: Env, ns: str, cluster_name: str) -> JSON | None:
     """The object raygate books a RayCluster's pods for: its RayJob when KubeRay made it for one (the RayJob's
     uid is recorded on it by then), else itself."""
-    rc = _found(lambda: env.kube.get(RAYCLUSTERS, cluster_name, ns))
+    rc = _found(env, RAYCLUSTERS, cluster_name, ns)
     if rc is None:
         return None
     parent = annotations(rc).get(keys.PARENT_ANNOTATION)
     if parent:
         _, name, uid = parent.split("/")
-        job = _found(lambda: env.kube.get(RAYJOBS, name, ns))
+        job = _found(env, RAYJOBS, name, ns)
         if job is not None and job["metadata"]["uid"] == uid:
             return job
     return rc
@@ -266,12 +276,13 @@ def _root_of_pod(env: Env, ns: str, pod: JSON) -> JSON | None:
     ref = next((r for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
     if ref is None or ref.get("kind") != "Job":
         return None
-    job = _found(lambda: env.kube.get(JOBS, ref["name"], ns))
-    owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None) \
-        if job is not None else None
+    job = _found(env, JOBS, ref["name"], ns)
+    if job is None:
+        return None
+    owner = next((r for r in job["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
     if owner is None or owner.get("kind") != "RayJob":
         return None
-    return _found(lambda: env.kube.get(RAYJOBS, owner["name"], ns))
+    return _found(env, RAYJOBS, owner["name"], ns)
 
 
 def booked(env: Env, ns: str, obj: JSON) -> int:
@@ -308,7 +319,7 @@ def gate_violations(env: Env, ns: str) -> list[str]:
     orphans: Counter[str] = Counter()  # pods whose Ray object is gone, by the booking each consumes
     for (kind, name), n in gpu_pods(env, ns).items():
         if kind == "orphan":
-            pod = _found(lambda name=name: env.kube.get(PODS, name, ns))  # type: ignore[misc]
+            pod = _found(env, PODS, name, ns)
             orphans[annotations(pod).get(keys.CONSUME_ANNOTATION, "") if pod else ""] += n
             continue
         have = booked(env, ns, env.get(ns, kind, name))
@@ -317,7 +328,7 @@ def gate_violations(env: Env, ns: str) -> list[str]:
     # A pod whose Ray object is gone (deleted with --cascade=orphan) runs on the booking it consumes, and that
     # booking stays while it runs.
     for request, n in orphans.items():
-        pr = _found(lambda request=request: env.kube.get(PR, request, ns)) if request else None  # type: ignore[misc]
+        pr = _found(env, PR, request, ns) if request else None
         have = sum(int(ps["count"]) for ps in pr["spec"]["podSets"]) if pr is not None and provisioned(pr) else 0
         if n > have:
             bad.append(f"{n} ungated GPU pods of no Ray object consume {request or 'no booking'}, which books {have}")
@@ -596,7 +607,7 @@ def test_orphaning_a_raycluster_releases_none_of_its_pods_and_keeps_the_booking_
     # Its owner is gone, not its identity: the 3 gated pods stay gated, the booked one keeps its booking.
     consistently(lambda: {p["metadata"]["name"]: gated(p) for p in pods_of(env, ns, name)} == pods, 4,
                  "no pod released, and none gone")
-    assert _found(lambda: env.kube.get(PR, gang, ns)) is not None
+    assert _found(env, PR, gang, ns) is not None
     assert_gate_holds(env, ns)
     events = wait(lambda: [e for e in env.kube.list(EVENTS, ns).get("items") or []
                            if e["reason"] == "RayObjectCannotBook" and e["involvedObject"]["name"] in pods], 30,
@@ -605,7 +616,7 @@ def test_orphaning_a_raycluster_releases_none_of_its_pods_and_keeps_the_booking_
     # The booked pod ends: its booking (orphaned with it) goes, and nothing of the cluster is left behind.
     for pod in pods:
         env.kube.delete(PODS, pod, ns)  # unbound (no scheduler here): gone at once
-    wait(lambda: _found(lambda: env.kube.get(PR, gang, ns)) is None, 60, "the orphaned booking to go with its pod")
+    wait(lambda: _found(env, PR, gang, ns) is None, 60, "the orphaned booking to go with its pod")
     wait(lambda: not [o for kind in (PR, PODTEMPLATES) for o in env.kube.list(kind, ns).get("items") or []
                       if annotations(o).get(keys.RAY_OWNER_ANNOTATION, "").startswith(f"RayCluster/{name}/")], 60,
          "no orphaned child object")

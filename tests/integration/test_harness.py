@@ -230,7 +230,7 @@ def test_pods_of_a_deleted_node_are_removed_by_pod_gc_and_by_the_demo(
     """When the autoscaler deletes a node, no kubelet will ever confirm its pods' deletion: they stay
     Terminating unless pod GC (after its 40 s quarantine) or someone force-deletes them. The demo
     force-deletes its own at once, before pod GC gets to them; pod GC clears the rest."""
-    from raygate.demo import clear_stranded_pods
+    from raygate.devenv.demo import clear_stranded_pods
     from raygate.kube.client import Kube
 
     others, own = make_namespace("podgc"), make_namespace("demo")

@@ -99,6 +99,8 @@ def test_wheel_holds_every_package_and_the_console_scripts(wheel: Path) -> None:
         assert f"raygate/{component}/__init__.py" in names, component
     assert "raygate/core/modes/__init__.py" in names
     assert "raygate/py.typed" in names
+    # The workshop (the local stack, the demo) stays in the checkout.
+    assert not [n for n in names if n.startswith("raygate/devenv/")], "raygate/devenv is not part of the product"
     assert "raygate = raygate.cli:main" in scripts
     assert not any(n.startswith("tests/") for n in names)
 
@@ -113,7 +115,7 @@ def test_installed_code_comes_from_the_wheel(venv_bin: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
-        ([], ["webhook", "reconciler", "certs"]),
+        ([], ["webhook", "reconciler", "certs", "explain", "status", "release"]),
         (["webhook"], ["--port", "--tls-cert-file", "--tls-key-file"]),
         (["reconciler"], ["--leader-elect", "--metrics-port"]),
         (["certs", "ensure"], []),
@@ -129,6 +131,8 @@ def test_help(venv_bin: Path, tmp_path: Path, command: list[str], expected: list
     assert proc.stdout.startswith(f"{usage} "), f"expected {usage!r}:\n{proc.stdout}"
     missing = [flag for flag in expected if flag not in proc.stdout]
     assert not missing, f"`raygate {' '.join(command)} --help` does not mention {missing}:\n{proc.stdout}"
+    if not command:  # the workshop's commands are a checkout's: the wheel has none of them
+        assert not [c for c in ("dev", "demo") if f"\n    {c} " in proc.stdout], proc.stdout
 
 
 def test_the_installed_distribution_has_one_top_level_name(venv_bin: Path, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from waiting import wait
 from raygate.core import keys
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
-from raygate.webhook.registration import configurations
+from raygate.devenv.registration import configurations
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from flask import Flask
 
 from raygate.kube.configsource import ConfigSource
 from raygate.webhook.app import create_app
-from raygate.webhook.limits import BodyLimits
+from raygate.webhook.body_limits import BodyLimits
 from raygate.webhook.state import WebhookState
 
 TIMEOUT = 20.0  # a request still unanswered after this long is stuck, not slow

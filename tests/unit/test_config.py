@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from raygate.core import keys
-from raygate.core.modes import Mode, rules_for
-from raygate.core.policy import ConfigError, RaygateConfig, parse_config
+from raygate.core.config import parse_config
+from raygate.core.keys import Mode
+from raygate.core.modes import for_object
+from raygate.core.policy import ConfigError, RaygateConfig
 from raygate.kube.configsource import ConfigSource
 
 
@@ -109,7 +111,8 @@ def test_valid_config(text: str) -> None:
 def test_defaults_when_nothing_is_configured() -> None:
     cfg = parse_config("")
     policy = cfg.policy_for("anywhere")
-    assert policy.mode is Mode.PROVISIONING and policy.provisions and rules_for(policy.mode).holds
+    rules = for_object(policy)
+    assert rules.mode is Mode.PROVISIONING and rules.books and rules.holds
     assert policy.managed_resources == ["nvidia.com/gpu", "nvidia.com/mig-*", "amd.com/gpu"]
     assert cfg.failure_policy == "Fail"
     assert cfg.trusted_users == [f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"]
@@ -137,8 +140,8 @@ def test_namespace_override_merges_over_defaults() -> None:
     assert team.provisioning.parameters == {"noRetry": "true", "processorInstance": "a3"}
     assert team.managed_resources == ["google.com/tpu"]
     research = cfg.policy_for("research")
-    assert (research.mode, research.queue_name, rules_for(research.mode).holds) == (Mode.KUEUE, "research-lq", False)
-    assert not research.provisions  # kueue never uses raygate's own ProvisioningRequests
+    assert (research.mode, research.queue_name, for_object(research).holds) == (Mode.KUEUE, "research-lq", False)
+    assert not for_object(research).books  # kueue never uses raygate's own ProvisioningRequests
     assert cfg.policy_for("other") == cfg.defaults
 
 

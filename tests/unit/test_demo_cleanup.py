@@ -8,8 +8,8 @@ from typing import Any
 import builders
 import pytest
 
-from raygate import demo
 from raygate.core import keys
+from raygate.devenv import demo
 
 NODES = {"cpu-node-0", "gpu-pool-a"}
 GPU = {"nvidia.com/gpu": "2"}

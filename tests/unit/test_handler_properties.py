@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raygate.core import keys
-from raygate.core.modes import Mode
+from raygate.core.keys import Mode
 from raygate.core.policy import RaygateConfig
 from raygate.webhook.decision import Decide, mutate, validate
 from raygate.webhook.handler import Answer, answer

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import jsonpatch
 
+from raygate.devenv.registration import configurations
 from raygate.reconciler.housekeeping import failure_policy_patch
-from raygate.webhook.registration import configurations
 
 
 def test_failure_policy_patch_changes_every_webhook_and_guards_the_resource_version() -> None:

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from raygate.core.api import RAYJOBS
+from raygate.core.booking import settled
 from raygate.kube.informer import Informer
 from raygate.reconciler import decision
-from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, settled, slim
+from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, slim
 
 
 def job(name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:

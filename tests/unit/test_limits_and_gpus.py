@@ -11,7 +11,8 @@ import pytest
 from builders import RayCluster, RayJob, config, gpu_job, request
 
 from raygate.core import dra, keys
-from raygate.core.policy import ConfigError, NamespacePolicy, parse_config
+from raygate.core.config import parse_config
+from raygate.core.policy import ConfigError, NamespacePolicy
 from raygate.core.workload import Workload
 from raygate.webhook.decision import Decision, mutate, validate
 

@@ -12,18 +12,19 @@ import jsonpatch
 import pytest
 from builders import RayJob, config
 from builders import request as review_request
-from plans import applied, kinds
+from plans import applied, decide, kinds
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
-from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupSpec, Mode, group_rules, native, rules_for
+from raygate.core.config import parse_config
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes import GroupSpec, for_object, native
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import KUBERAY_OPERATOR_USER, ConfigError, NamespacePolicy, merge_override, parse_config
+from raygate.core.policy import KUBERAY_OPERATOR_USER, ConfigError, NamespacePolicy, merge_override
 from raygate.core.workload import Workload
 from raygate.kube import discovery
-from raygate.reconciler import decision, gating
-from raygate.reconciler.decision import Create, Observed, PatchChild
+from raygate.reconciler import gating
+from raygate.reconciler.decision import Create, Observed
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -68,10 +69,10 @@ def made(w: Workload, **meta: Any) -> tuple[dict[str, Any], ...]:
 # --- the mode, the config and the cluster --------------------------------------------------------------
 
 def test_native_is_a_mode_that_holds_books_and_groups() -> None:
-    rules = rules_for(Mode.NATIVE)
-    assert rules.holds and rules.provisions_by_default
-    assert group_rules(Mode.NATIVE) is RULES
-    assert policy(provisioning={"enabled": False}).provisions is False  # static GPU pools
+    rules = for_object(policy())
+    assert rules.mode is Mode.NATIVE and rules.holds and rules.books and rules.gates_pods
+    assert rules.group is RULES
+    assert for_object(policy(provisioning={"enabled": False})).books is False  # static GPU pools
 
 
 @pytest.mark.parametrize(("served", "refused"), [
@@ -169,14 +170,14 @@ def test_the_group_name_changes_with_the_gang_and_the_job() -> None:
 
 def test_a_held_gpu_job_gets_its_workload_and_pod_group_beside_the_request() -> None:
     w = job()
-    plan = decision.decide(w, Observed(served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(served=SERVED), policy(), NOW)
     assert kinds(plan) == ["create Workload", "create PodGroup.scheduling.k8s.io", "create PodTemplate",
                            "create ProvisioningRequest", "patch provisioning"]
 
 
 def test_without_provisioning_the_group_is_made_and_the_job_admitted_with_its_pod_templates_naming_it() -> None:
     w = job()
-    plan = decision.decide(w, Observed(served=SERVED), policy(provisioning={"enabled": False}), NOW)
+    plan = decide(w, Observed(served=SERVED), policy(provisioning={"enabled": False}), NOW)
     assert kinds(plan) == ["create Workload", "create PodGroup.scheduling.k8s.io", "patch admit", "event Admitted"]
     after = applied(w, plan)
     name = RULES.recorded(w).name
@@ -194,17 +195,17 @@ def test_a_provisioned_job_is_admitted_once_its_group_exists() -> None:
     w = job("Provisioning")
     w.obj["metadata"]["annotations"].update({keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(w0, 1)})
     pr = provreq(w0, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
-    plan = decision.decide(w, Observed(requests=(pr,), groups=made(w), served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), groups=made(w), served=SERVED), policy(), NOW)
     assert kinds(plan) == ["patch admit", "event Admitted"]
     # Missing (deleted by hand, or a crash between the two creates): made again before the admission.
-    plan = decision.decide(w, Observed(requests=(pr,), groups=made(w)[:1], served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), groups=made(w)[:1], served=SERVED), policy(), NOW)
     assert kinds(plan) == ["create PodGroup.scheduling.k8s.io", "patch admit", "event Admitted"]
 
 
 def test_a_gang_that_changes_while_held_gets_new_objects_and_the_old_go() -> None:
     before = job(workers=4)
     grown = job(workers=6)
-    plan = decision.decide(grown, Observed(groups=made(before), served=SERVED), policy(provisioning={
+    plan = decide(grown, Observed(groups=made(before), served=SERVED), policy(provisioning={
         "enabled": False}), NOW)
     old = RULES.recorded(before).name
     assert kinds(plan)[:4] == [f"delete Workload {old}", f"delete PodGroup.scheduling.k8s.io {old}",
@@ -216,7 +217,7 @@ def test_a_gang_that_changes_while_held_gets_new_objects_and_the_old_go() -> Non
 def test_a_group_of_the_same_name_still_being_deleted_holds_the_job_until_it_is_gone() -> None:
     w = job()
     going = made(w, deletionTimestamp="2030-01-01T11:59:59Z")
-    plan = decision.decide(w, Observed(groups=going, served=SERVED), policy(provisioning={"enabled": False}), NOW)
+    plan = decide(w, Observed(groups=going, served=SERVED), policy(provisioning={"enabled": False}), NOW)
     assert kinds(plan) == ["patch hold", "event GroupDeleting"]
     assert plan.requeue_after is not None and plan.requeue_after <= 1
     assert "being deleted" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
@@ -224,7 +225,7 @@ def test_a_group_of_the_same_name_still_being_deleted_holds_the_job_until_it_is_
 
 def test_a_cluster_that_no_longer_serves_the_api_fails_the_job_with_the_flags() -> None:
     w = job()
-    plan = decision.decide(w, Observed(served=Served()), policy(), NOW)
+    plan = decide(w, Observed(served=Served()), policy(), NOW)
     assert plan.outcome == "failed"
     assert keys.GANG_SCHEDULER_FLAGS[0] in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
@@ -236,7 +237,7 @@ def test_a_finished_job_deletes_its_workload_and_pod_groups(status: dict[str, An
     inc = RULES.increment_objects(w, "train-x-1", "gpu", 2, SERVED)[0][1]
     going = {**made(w)[1], "kind": "PodGroup"}
     going["metadata"] = {**going["metadata"], "name": "old", "deletionTimestamp": "2030-01-01T11:00:00Z"}
-    plan = decision.decide(w, Observed(groups=(*made(w), inc, going), served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(groups=(*made(w), inc, going), served=SERVED), policy(), NOW)
     name = RULES.recorded(w).name
     assert kinds(plan) == [f"delete Workload {name}", f"delete PodGroup.scheduling.k8s.io {name}",
                            "delete PodGroup.scheduling.k8s.io train-x-1"]  # the one being deleted is left to go
@@ -404,8 +405,8 @@ def test_the_increment_group_is_made_before_its_pods_are_released_with_their_cou
     pods = (live_pod("w1", "gang", gated=False), live_pod("w2", "gang", gated=False),
             live_pod("s1", "k1", gated=True), live_pod("s2", "k1", gated=True))
     gang = {**made(w)[1], "metadata": {**made(w)[1]["metadata"], "name": "gang"}}
-    plan = decision.decide(w, Observed(pods=pods, scale_ups=(slot_request("r", 2),), templates=(TEMPLATE,),
-                                       groups=(gang,), served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(pods=pods, scale_ups=(slot_request("r", 2),), templates=(TEMPLATE,),
+                              groups=(gang,), served=SERVED), policy(), NOW)
     assert kinds(plan)[:3] == ["create PodGroup.scheduling.k8s.io", "release s1", "release s2"]
     group = plan.actions[0].obj  # type: ignore[union-attr]
     assert group["metadata"]["name"] == "k1"
@@ -418,11 +419,11 @@ def test_an_increment_none_of_whose_pods_is_left_goes() -> None:
     w = admitted()
     inc_ = RULES.increment_objects(w, "k1", "gpu", 2, SERVED)[0][1]
     gang = {**made(w)[1], "metadata": {**made(w)[1]["metadata"], "name": "gang"}}
-    plan = decision.decide(w, Observed(groups=(gang, inc_), served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(groups=(gang, inc_), served=SERVED), policy(), NOW)
     assert "delete PodGroup.scheduling.k8s.io k1" in kinds(plan)
     assert not any(k.endswith(" gang") for k in kinds(plan))  # the gang's own stays while the job runs
-    kept = decision.decide(w, Observed(groups=(gang, inc_), pods=(live_pod("s1", "k1", gated=False),),
-                                       served=SERVED), policy(), NOW)
+    kept = decide(w, Observed(groups=(gang, inc_), pods=(live_pod("s1", "k1", gated=False),),
+                              served=SERVED), policy(), NOW)
     assert "delete PodGroup.scheduling.k8s.io k1" not in kinds(kept)
 
 
@@ -471,10 +472,11 @@ def test_the_reconciler_records_the_cluster_whose_gang_is_bound(case: str, recor
 def test_an_admitted_job_records_its_bound_gang_on_its_pod_group() -> None:
     w = admitted()
     group = gang_group(w)
-    plan = decision.decide(w, Observed(groups=(group,), bound={group["metadata"]["name"]: {"train-abc": 3}},
-                                       served=SERVED), policy(), NOW)
-    patches = [a for a in plan.actions if isinstance(a, PatchChild)]
-    assert [(a.kind, a.name) for a in patches] == [(ChildKind.GANG_POD_GROUP, group["metadata"]["name"])]
+    plan = decide(w, Observed(groups=(group,), bound={group["metadata"]["name"]: {"train-abc": 3}},
+                              served=SERVED), policy(), NOW)
+    # One patch, of the gang's PodGroup (none of the job: nothing else changed)
+    assert [k for k in kinds(plan) if k.startswith("patch ")] == [
+        f"patch {ChildKind.GANG_POD_GROUP} {group['metadata']['name']}"]
 
 
 def test_each_attempt_has_a_group_of_its_own() -> None:
@@ -490,7 +492,18 @@ def test_each_attempt_has_a_group_of_its_own() -> None:
 def test_a_job_given_up_on_deletes_its_groups_so_a_new_start_makes_its_own() -> None:
     w = job("Admitted", suspend=False)
     w.obj["status"] = {"jobDeploymentStatus": "ValidationFailed", "message": "bad"}
-    plan = decision.decide(w, Observed(groups=made(w), served=SERVED), policy(), NOW)
+    plan = decide(w, Observed(groups=made(w), served=SERVED), policy(), NOW)
     assert plan.outcome == "failed"
+    assert [k for k in kinds(plan) if k.startswith("delete")] == [
+        f"delete Workload {RULES.recorded(w).name}", f"delete PodGroup.scheduling.k8s.io {RULES.recorded(w).name}"]
+
+
+def test_a_job_without_a_recorded_mode_is_stopped_under_the_mode_it_was_decided_under() -> None:
+    """No recorded mode (the webhook never saw the job): the namespace's mode applies to all of it, so the groups
+    made for it in native mode go when it fails, as a recorded native job's do."""
+    w = job("Admitted", suspend=False)
+    del w.obj["metadata"]["annotations"][keys.MODE_ANNOTATION]
+    w.obj["status"] = {"jobDeploymentStatus": "ValidationFailed", "message": "bad"}
+    plan = decide(w, Observed(groups=made(w), served=SERVED), policy(), NOW)
     assert [k for k in kinds(plan) if k.startswith("delete")] == [
         f"delete Workload {RULES.recorded(w).name}", f"delete PodGroup.scheduling.k8s.io {RULES.recorded(w).name}"]

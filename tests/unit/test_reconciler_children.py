@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from builders import RayJob, container, pod_template, worker_group
+from plans import needs_of
 
 from raygate.core import keys
 from raygate.core.api import OFFLINE
@@ -15,7 +16,7 @@ from raygate.core.modes import volcano
 from raygate.core.objects import JSON, controller_uid
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.workload import ManifestError, PodSet, Workload
-from raygate.reconciler import children, decision
+from raygate.reconciler import children
 from raygate.reconciler.children import BadInput
 
 GPU = {"limits": {"nvidia.com/gpu": "1"}}
@@ -183,7 +184,7 @@ def test_bad_parameter_overrides_are_refused_with_a_reason(annotations: dict[str
 def test_more_than_32_pod_sets_is_refused() -> None:
     w = rayjob("train", *[group(f"g{i}") for i in range(33)])
     with pytest.raises(BadInput, match="books at most 32"):
-        decision.needs_of(w, policy())
+        needs_of(w, policy())
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -197,7 +198,7 @@ def test_missing_or_corrupted_pod_group_annotation_is_bad_input(text: str | None
     with pytest.raises(ManifestError, match=message):
         volcano.RULES.recorded(w)
     with pytest.raises(BadInput, match=message):  # and the reconciler fails the job with that reason
-        decision.needs_of(w, policy(mode="volcano"))
+        needs_of(w, policy(mode="volcano"))
 
 
 def test_pod_group_from_the_recorded_spec() -> None:

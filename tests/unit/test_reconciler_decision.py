@@ -10,13 +10,14 @@ from typing import Any
 import jsonpatch
 import pytest
 from builders import RayJob
-from plans import applied, kinds
+from plans import applied, decide, kinds, needs_of
 
 from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
 from raygate.core.keys import ChildKind
-from raygate.core.modes import GroupSpec, volcano
+from raygate.core.modes import GroupSpec, for_object, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
+from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import Workload
 from raygate.reconciler import children, decision, gating
 from raygate.reconciler.decision import Create, Emit, Observed, PatchJob, Plan
@@ -49,7 +50,7 @@ def policy(**override: Any) -> NamespacePolicy:
 
 def rname(w: Workload, attempt: int) -> str:
     """The name the reconciler gives attempt `attempt` of `w` as it is now."""
-    return decision.needs_of(w, policy()).request_name(w, attempt)
+    return needs_of(w, policy()).request_name(w, attempt)
 
 
 def tname(w: Workload, pod_set: str) -> str:
@@ -58,7 +59,7 @@ def tname(w: Workload, pod_set: str) -> str:
 
 def request(w: Workload, attempt: int, *conds: tuple[str, str, str], age: float = 5) -> dict[str, Any]:
     created = (NOW - dt.timedelta(seconds=age)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    gang = decision.needs_of(w, policy())
+    gang = needs_of(w, policy())
     pr = children.provisioning_request(w, list(gang.managed), policy(), attempt, "v1", gang.fingerprint)
     pr["metadata"]["creationTimestamp"] = created
     pr["status"] = {"conditions": [{"type": t, "status": s, "reason": r, "message": f"{t} says {r}"}
@@ -79,7 +80,7 @@ def provisioning(attempt: int = 1, **extra: str) -> Workload:
 
 def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
     w = job(gpu=False)
-    plan = decision.decide(w, Observed(), policy(), NOW)
+    plan = decide(w, Observed(), policy(), NOW)
     assert kinds(plan) == ["patch admit", "event Admitted"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is False
@@ -89,7 +90,7 @@ def test_cpu_only_job_is_admitted_at_once_without_a_request() -> None:
 
 def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
     w = job()
-    plan = decision.decide(w, Observed(), policy(), NOW)
+    plan = decide(w, Observed(), policy(), NOW)
     assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
     assert plan.actions[0].obj["metadata"]["name"] == tname(w, "gpu")  # type: ignore[union-attr]
     pr = plan.actions[1].obj  # type: ignore[union-attr]
@@ -102,7 +103,7 @@ def test_gpu_job_gets_templates_then_request_then_state_provisioning() -> None:
 def test_patches_first_test_the_state_they_were_decided_on() -> None:
     w = provisioning(2)
     pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     patch = next(a for a in plan.actions if isinstance(a, PatchJob))
     assert patch.step == "admit" and patch.ops[:4] == (
         {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Provisioning"},
@@ -126,12 +127,12 @@ def test_patches_first_test_the_state_they_were_decided_on() -> None:
 def test_replay_after_a_crash_creates_only_what_is_missing() -> None:
     w = job()
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
-    assert kinds(decision.decide(w, obs, policy(), NOW)) == ["patch provisioning"]
+    assert kinds(decide(w, obs, policy(), NOW)) == ["patch provisioning"]
 
 
 def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
     w = job()
-    plan = decision.decide(w, Observed(), policy(), NOW, provreq_version=None)
+    plan = decide(w, Observed(), policy(), NOW, provreq_version=None)
     after = applied(w, plan)
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
     assert "serves no ProvisioningRequest API" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
@@ -151,7 +152,7 @@ def test_no_provisioning_request_api_fails_the_job_with_a_reason() -> None:
 def test_conditions_of_the_current_request(conds: tuple[tuple[str, str, str], ...], expected: str) -> None:
     w = provisioning()
     obs = Observed(requests=(request(w, 1, *conds),), templates=templates(w))
-    assert decision.decide(w, obs, policy(), NOW).outcome == expected
+    assert decide(w, obs, policy(), NOW).outcome == expected
 
 
 def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
@@ -159,7 +160,7 @@ def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
     name = rname(w, 1)
     obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
                    templates=templates(w))
-    plan = decision.decide(w, obs, policy(), NOW)
+    plan = decide(w, obs, policy(), NOW)
     assert kinds(plan) == ["patch admit", "event Admitted"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is False
@@ -177,22 +178,22 @@ def test_failed_request_retries_under_a_new_name_after_backoff(attempt: int, del
     w = provisioning(attempt)
     old = rname(w, attempt)
     obs = Observed(requests=(request(w, attempt, ("Failed", "True", "OutOfQuota")),), templates=templates(w))
-    plan = decision.decide(w, obs, policy(), NOW)
+    plan = decide(w, obs, policy(), NOW)
     assert kinds(plan) == ["patch retry", "event ProvisioningRetry", f"delete ProvisioningRequest {old}"]
     ann = applied(w, plan)["metadata"]["annotations"]
     assert ann[keys.ATTEMPT_ANNOTATION] == str(attempt + 1)
     assert ann[keys.REQUEST_ANNOTATION] == rname(w, attempt + 1)
-    assert decision.parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
+    assert parse_time(ann[keys.NEXT_ATTEMPT_ANNOTATION]) == NOW + dt.timedelta(seconds=delay)
     assert "OutOfQuota" in ann[keys.REASON_ANNOTATION]
     assert plan.requeue_after == delay
 
 
 def test_backoff_waits_then_creates_the_next_attempt() -> None:
-    due = decision.timestamp(NOW + dt.timedelta(seconds=4))
+    due = timestamp(NOW + dt.timedelta(seconds=4))
     w = provisioning(2, **{keys.NEXT_ATTEMPT_ANNOTATION: due})
-    waiting = decision.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    waiting = decide(w, Observed(templates=templates(w)), policy(), NOW)
     assert waiting.actions == [] and waiting.requeue_after == 4
-    later = decision.decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
+    later = decide(w, Observed(templates=templates(w)), policy(), NOW + dt.timedelta(seconds=5))
     assert kinds(later) == ["create ProvisioningRequest"] and later.outcome == "retried"
     assert later.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
@@ -200,7 +201,7 @@ def test_backoff_waits_then_creates_the_next_attempt() -> None:
 def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> None:
     w = provisioning(3)  # limit 2: attempts 1, 2 and 3 are allowed
     pr = request(w, 3, ("Failed", "True", "OutOfQuota"))
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch fail", "event ProvisioningFailed",
                            f"delete ProvisioningRequest {rname(w, 3)}",
                            f"delete PodTemplate {tname(w, 'gpu')}"]
@@ -215,13 +216,13 @@ def test_past_the_limit_the_job_fails_stays_suspended_and_its_children_go() -> N
 
 def test_relabelled_pending_after_failed_starts_over_at_attempt_1() -> None:
     w = job("Pending", annotations={keys.ATTEMPT_ANNOTATION: "3", keys.REASON_ANNOTATION: "gave up"})
-    plan = decision.decide(w, Observed(templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(templates=templates(w)), policy(), NOW)
     assert kinds(plan)[0] == "create ProvisioningRequest"
     assert applied(w, plan)["metadata"]["annotations"][keys.ATTEMPT_ANNOTATION] == "1"
 
 
 def since(w: Workload, attempt: int, seconds_ago: float) -> str:
-    return f"{rname(w, attempt)} {decision.precise_timestamp(NOW - dt.timedelta(seconds=seconds_ago))}"
+    return f"{rname(w, attempt)} {precise_timestamp(NOW - dt.timedelta(seconds=seconds_ago))}"
 
 
 @pytest.mark.parametrize("conds", [(), (("Accepted", "True", "A"),)], ids=["queued", "accepted, not answered"])
@@ -230,21 +231,21 @@ def test_a_request_the_autoscaler_has_not_answered_waits_past_the_timeout(conds:
     # not have had its turn, and a new one would join the same queue after a backoff.
     w = provisioning()
     pr = request(w, 1, *conds, age=10_000)
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert (plan.outcome, plan.actions, plan.requeue_after) == ("waiting", [], 300)
 
 
 def test_the_timeout_counts_from_the_autoscalers_first_answer_recorded_with_it() -> None:
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"), age=10_000)
-    first = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    first = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(first) == ["patch hold", "event WaitingForCapacity"] and first.requeue_after == 300
     assert applied(w, first)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 1, 0)
     later = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(w, 1, 100)})
-    waiting = decision.decide(later, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    waiting = decide(later, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert waiting.outcome == "waiting" and waiting.requeue_after == 200
     expired = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(w, 1, 301)})
-    retry = decision.decide(expired, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    retry = decide(expired, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert retry.outcome == "retry"
     after = applied(expired, retry)["metadata"]["annotations"]
     assert "not Provisioned within 300s of the autoscaler's first answer" in after[keys.REASON_ANNOTATION]
@@ -254,7 +255,7 @@ def test_the_timeout_counts_from_the_autoscalers_first_answer_recorded_with_it()
 def test_a_first_answer_recorded_for_an_earlier_request_does_not_count() -> None:
     w = provisioning(2, **{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(job(), 1, 10_000)})
     pr = request(w, 2, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"))
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert plan.outcome == "waiting" and plan.requeue_after == 300
     assert applied(w, plan)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 2, 0)
 
@@ -263,10 +264,10 @@ def test_an_unchanged_answer_with_its_clock_missing_records_only_the_clock() -> 
     # A job held before the clock was recorded (an older raygate): the clock starts now, without a second Event.
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityIsNotFound"))
-    reason = applied(w, decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW))[
+    reason = applied(w, decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW))[
         "metadata"]["annotations"][keys.REASON_ANNOTATION]
     held = provisioning(**{keys.REASON_ANNOTATION: reason})
-    plan = decision.decide(held, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(held, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch hold"]
     assert applied(held, plan)["metadata"]["annotations"][keys.NOT_PROVISIONED_SINCE_ANNOTATION] == since(w, 1, 0)
 
@@ -274,7 +275,7 @@ def test_an_unchanged_answer_with_its_clock_missing_records_only_the_clock() -> 
 def test_admission_drops_the_clock_of_the_request_it_admits_on() -> None:
     w = provisioning(**{keys.NOT_PROVISIONED_SINCE_ANNOTATION: since(job(), 1, 60)})
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert plan.outcome == "admitted"
     assert keys.NOT_PROVISIONED_SINCE_ANNOTATION not in applied(w, plan)["metadata"]["annotations"]
 
@@ -282,16 +283,16 @@ def test_admission_drops_the_clock_of_the_request_it_admits_on() -> None:
 def test_capacity_not_found_is_reported_once() -> None:
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "False", "CapacityNotFound"))
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch hold", "event WaitingForCapacity"]
     again = job("Provisioning", annotations=applied(w, plan)["metadata"]["annotations"])
-    assert decision.decide(again, Observed(requests=(pr,), templates=templates(w)), policy(), NOW).actions == []
+    assert decide(again, Observed(requests=(pr,), templates=templates(w)), policy(), NOW).actions == []
 
 
 def test_stale_requests_of_older_attempts_are_deleted() -> None:
     w = provisioning(2)
     obs = Observed(requests=(request(w, 1), request(w, 2)), templates=templates(w))
-    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(decision.decide(w, obs, policy(), NOW))
+    assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(decide(w, obs, policy(), NOW))
 
 
 @pytest.mark.parametrize("status", [{"jobDeploymentStatus": "Complete"}, {"jobDeploymentStatus": "Failed"}])
@@ -299,7 +300,7 @@ def test_finished_job_frees_its_booking(status: dict[str, str]) -> None:
     w = job("Admitted", suspend=False, status=status,
             annotations={keys.REQUEST_ANNOTATION: rname(job(), 1)})
     obs = Observed(requests=(request(w, 1),), templates=templates(w))
-    assert sorted(kinds(decision.decide(w, obs, policy(), NOW))) == [
+    assert sorted(kinds(decide(w, obs, policy(), NOW))) == [
         f"delete PodTemplate {tname(w, 'gpu')}",
         f"delete ProvisioningRequest {rname(w, 1)}"]
 
@@ -313,20 +314,20 @@ def admitted_with_revoked() -> tuple[Workload, Observed]:
 
 def test_capacity_revoked_report_only_records_it() -> None:
     w, obs = admitted_with_revoked()
-    plan = decision.decide(w, obs, policy(provisioning={"capacityRevoked": "Report"}), NOW)
+    plan = decide(w, obs, policy(provisioning={"capacityRevoked": "Report"}), NOW)
     assert kinds(plan) == ["patch hold", "event CapacityRevoked"]
     assert applied(w, plan)["spec"]["suspend"] is False
 
 
 def test_capacity_revoked_requeue_suspends_and_asks_again() -> None:
     w, obs = admitted_with_revoked()
-    plan = decision.decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
+    plan = decide(w, obs, policy(provisioning={"capacityRevoked": "Requeue"}), NOW)
     assert kinds(plan) == ["patch requeue", "event CapacityRevoked",
                            f"delete ProvisioningRequest {rname(w, 1)}"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
     requeued = Workload(after)
-    nxt = decision.decide(requeued, Observed(templates=obs.templates), policy(), NOW)
+    nxt = decide(requeued, Observed(templates=obs.templates), policy(), NOW)
     assert nxt.actions[0].obj["metadata"]["name"] == rname(w, 2)  # type: ignore[union-attr]
 
 
@@ -345,9 +346,9 @@ def queue(is_open: bool | None) -> dict[str, Any] | None:
 @pytest.mark.parametrize(("queue_open", "words"), [(False, "is Closed"), (None, "does not exist")])
 def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None, words: str) -> None:
     w, obs, pol = volcano_job(queue_open)
-    needed = decision.prerequisite_to_check(w, pol, Observed())
+    needed = decision.prerequisite_to_check(w, for_object(pol, w.annotations), Observed())
     assert needed is not None and (needed.resource.plural, needed.name) == ("queues", "team-a")
-    plan = decision.decide(w, obs, pol, NOW)
+    plan = decide(w, obs, pol, NOW)
     assert kinds(plan) == ["patch hold", "event QueueNotOpen"]
     assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
     assert plan.requeue_after is not None
@@ -355,7 +356,7 @@ def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None
 
 def test_volcano_job_gets_its_pod_group_then_admitted() -> None:
     w, obs, pol = volcano_job(True)
-    plan = decision.decide(w, obs, pol, NOW)
+    plan = decide(w, obs, pol, NOW)
     assert kinds(plan) == ["create PodGroup", "patch admit", "event Admitted"]
     pg = plan.actions[0].obj  # type: ignore[union-attr]
     assert pg["metadata"]["name"] == "ray-train-pg" and pg["spec"]["queue"] == "team-a"
@@ -392,17 +393,17 @@ def test_volcano_admit_names_the_pod_group_on_every_template_in_the_patch_that_u
     pol = policy(mode="volcano", provisioning={"enabled": provision})
     obs = Observed(prerequisite=queue(True))
     if provision:  # Provisioned: the request raygate made for it
-        plan = decision.decide(w, obs, pol, NOW)
+        plan = decide(w, obs, pol, NOW)
         w = Workload(applied(w, plan))
         pg = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodGroup")
         name = w.annotations[keys.REQUEST_ANNOTATION]
-        gang = decision.needs_of(w, pol)
+        gang = needs_of(w, pol)
         pr = children.provisioning_request(w, list(gang.managed), pol, 1, "v1", gang.fingerprint)
         pr["metadata"]["creationTimestamp"] = "2030-01-01T11:59:59Z"
         pr["status"] = {"conditions": [{"type": t, "status": "True"} for t in ("Accepted", "Provisioned")]}
         assert pr["metadata"]["name"] == name
         obs = Observed(requests=(pr,), groups=(pg,))
-    plan = decision.decide(w, obs, pol, NOW)
+    plan = decide(w, obs, pol, NOW)
     admits = [a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit"]
     assert len(admits) == 1
     unsuspends = [op for a in plan.actions if isinstance(a, PatchJob) for op in a.ops
@@ -420,7 +421,7 @@ def test_volcano_admit_of_a_named_job_adds_nothing_to_the_group_names_the_webhoo
     for _, path in w.template_paths():
         obj_get(named, path).setdefault("metadata", {}).setdefault("annotations", {})[
             keys.VOLCANO_GROUP_NAME_ANNOTATION] = "ray-train-x7k2p-pg"
-    plan = decision.decide(Workload(named), Observed(prerequisite=queue(True)), policy(mode="volcano"), NOW)
+    plan = decide(Workload(named), Observed(prerequisite=queue(True)), policy(mode="volcano"), NOW)
     admit = next(a for a in plan.actions if isinstance(a, PatchJob) and a.step == "admit")
     assert not [op for op in admit.ops if keys.VOLCANO_GROUP_NAME_ANNOTATION.replace("/", "~1") in op["path"]]
 
@@ -454,11 +455,11 @@ def admitted_volcano_job() -> Workload:
 def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> None:
     w = admitted_volcano_job()
     [(_, ours)] = volcano.RULES.group_objects(w, volcano.RULES.recorded(w), OFFLINE)
-    plan = decision.decide(w, Observed(groups=(ours,)), policy(mode="volcano"), NOW)
+    plan = decide(w, Observed(groups=(ours,)), policy(mode="volcano"), NOW)
     assert (kinds(plan), plan.outcome) == ([], "admitted")  # its own group, as made: nothing to do
     rewritten = json.loads(json.dumps(ours))
     rewritten["spec"].update(minMember=2, minResources={"cpu": "2", "memory": "6Gi", "nvidia.com/gpu": "2"})
-    plan = decision.decide(w, Observed(groups=(rewritten,)), policy(mode="volcano"), NOW)
+    plan = decide(w, Observed(groups=(rewritten,)), policy(mode="volcano"), NOW)
     assert kinds(plan) == ["patch fail", "event PodGroupRewritten", "delete PodGroup ray-train-pg"]
     after = applied(w, plan)
     assert after["spec"]["suspend"] is True and after["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
@@ -468,7 +469,7 @@ def test_admitted_volcano_job_is_stopped_when_its_pod_group_was_rewritten() -> N
 
 def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
     w, obs, pol = volcano_job(True, provision=True)
-    assert kinds(decision.decide(w, obs, pol, NOW))[:3] == [
+    assert kinds(decide(w, obs, pol, NOW))[:3] == [
         "create PodGroup", "create PodTemplate", "create ProvisioningRequest"]
 
 
@@ -478,7 +479,7 @@ def test_volcano_with_provisioning_creates_pod_group_and_request() -> None:
 ])
 def test_bad_input_fails_the_job_with_a_reason(annotations: dict[str, str], words: str) -> None:
     w = job(annotations=annotations)
-    plan = decision.decide(w, Observed(), policy(mode="volcano"), NOW)
+    plan = decide(w, Observed(), policy(mode="volcano"), NOW)
     assert kinds(plan) == ["patch fail", "event InvalidJob"]
     assert words in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
@@ -489,13 +490,13 @@ def test_too_many_gpu_pod_sets_fail_the_job() -> None:
     many = [{**groups[0], "groupName": f"g{i}"} for i in range(33)]
     big = Workload({**w.obj, "spec": {**w.obj["spec"], "rayClusterSpec": {
         **w.obj["spec"]["rayClusterSpec"], "workerGroupSpecs": many}}})
-    plan = decision.decide(big, Observed(), policy(), NOW)
+    plan = decide(big, Observed(), policy(), NOW)
     assert "at most 32" in applied(big, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
 
 def test_kueue_mode_is_left_to_kueue() -> None:
     w = job(annotations={keys.MODE_ANNOTATION: "kueue"})
-    assert decision.decide(w, Observed(), policy(), NOW).actions == []
+    assert decide(w, Observed(), policy(), NOW).actions == []
 
 
 # --- the gate holds: the booking matches what will run -------------------------------------------
@@ -511,7 +512,7 @@ def test_pod_sets_changed_while_provisioning_replace_the_request_in_the_same_att
     w = provisioning(2)
     old_request, old_templates = request(w, 2), templates(w)
     bigger = grown(w, 5)
-    plan = decision.decide(bigger, Observed(requests=(old_request,), templates=old_templates), policy(), NOW)
+    plan = decide(bigger, Observed(requests=(old_request,), templates=old_templates), policy(), NOW)
     assert plan.outcome == "replaced"
     assert kinds(plan) == ["delete ProvisioningRequest " + rname(w, 2), "create ProvisioningRequest",
                            "patch provisioning", "event PodSetsChanged"]
@@ -526,7 +527,7 @@ def test_template_changed_while_provisioning_replaces_the_template_too() -> None
     obj = json.loads(json.dumps(w.obj))
     obj["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] = {"gpu": "h100"}
     edited = Workload(obj)
-    plan = decision.decide(edited, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decide(edited, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan)[:4] == ["delete ProvisioningRequest " + rname(w, 1), "create PodTemplate",
                                "delete PodTemplate " + tname(w, "gpu"), "create ProvisioningRequest"]
     created = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "PodTemplate")
@@ -537,7 +538,7 @@ def test_a_provisioned_request_for_other_pod_sets_never_admits() -> None:
     w = provisioning()
     booked_for_two = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     bigger = grown(w, 8)  # grew after the request was made, before it was Provisioned
-    plan = decision.decide(bigger, Observed(requests=(booked_for_two,), templates=templates(w)), policy(), NOW)
+    plan = decide(bigger, Observed(requests=(booked_for_two,), templates=templates(w)), policy(), NOW)
     assert "patch admit" not in kinds(plan)
     assert applied(bigger, plan)["spec"]["suspend"] is True
 
@@ -546,7 +547,7 @@ def test_request_recording_other_pod_sets_is_replaced_even_under_the_current_nam
     w = provisioning()
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     pr["metadata"]["annotations"][keys.POD_SETS_ANNOTATION] = "something-else"
-    plan = decision.decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(pr,), templates=templates(w)), policy(), NOW)
     assert "patch admit" not in kinds(plan) and plan.outcome != "admitted"
 
 
@@ -555,7 +556,7 @@ def test_autoscaling_books_the_replicas_kuberay_starts() -> None:
     spec = obj["spec"]["rayClusterSpec"]
     spec["enableInTreeAutoscaling"] = True
     spec["workerGroupSpecs"][0].update({"minReplicas": 0, "replicas": 10, "maxReplicas": 20})
-    plan = decision.decide(Workload(obj), Observed(), policy(), NOW)
+    plan = decide(Workload(obj), Observed(), policy(), NOW)
     pr = next(a.obj for a in plan.actions if isinstance(a, Create) and a.kind == "ProvisioningRequest")
     assert pr["spec"]["podSets"][0]["count"] == 10
 
@@ -563,7 +564,7 @@ def test_autoscaling_books_the_replicas_kuberay_starts() -> None:
 def test_job_kuberay_refused_fails_for_good_and_frees_its_booking() -> None:
     w = job("Provisioning", status={"jobDeploymentStatus": "ValidationFailed", "message": "spec is invalid: x"},
             annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
-    plan = decision.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan)[:2] == ["patch fail", "event RejectedByKubeRay"]
     assert f"delete ProvisioningRequest {rname(w, 1)}" in kinds(plan)
     after = applied(w, plan)
@@ -571,29 +572,29 @@ def test_job_kuberay_refused_fails_for_good_and_frees_its_booking() -> None:
     assert "spec is invalid: x" in after["metadata"]["annotations"][keys.REASON_ANNOTATION]
     event = next(a for a in plan.actions if isinstance(a, Emit))
     assert "create it again" in event.message and "--overwrite" not in event.message
-    again = decision.decide(Workload(after), Observed(), policy(), NOW)
+    again = decide(Workload(after), Observed(), policy(), NOW)
     assert again.actions == []  # failed once, and it stays so
 
 
 def test_admitted_job_a_user_suspended_waits_for_capacity_again() -> None:
     w = job("Admitted", suspend=True,
             annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
-    plan = decision.decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
+    plan = decide(w, Observed(requests=(request(w, 1),), templates=templates(w)), policy(), NOW)
     assert kinds(plan) == ["patch requeue", "event Requeued", f"delete ProvisioningRequest {rname(w, 1)}"]
     after = applied(w, plan)
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending" and after["spec"]["suspend"] is True
-    nxt = decision.decide(Workload(after), Observed(templates=templates(w)), policy(), NOW)
+    nxt = decide(Workload(after), Observed(templates=templates(w)), policy(), NOW)
     assert [a.obj["metadata"]["name"] for a in nxt.actions if isinstance(a, Create)] == [rname(w, 2)]
 
 
 @pytest.mark.parametrize("now_mode", [{"mode": "kueue"}, {"mode": "kueue", "provisioning": {"enabled": False}}])
 def test_held_job_finishes_under_the_mode_it_was_held_with(now_mode: dict[str, Any]) -> None:
     w = job()  # held in provisioning mode; the namespace moved to kueue since
-    plan = decision.decide(w, Observed(), policy(**now_mode), NOW)
+    plan = decide(w, Observed(), policy(**now_mode), NOW)
     assert kinds(plan) == ["create PodTemplate", "create ProvisioningRequest", "patch provisioning"]
-    admitted = decision.decide(provisioning(), Observed(requests=(request(w, 1, ("Accepted", "True", "A"),
-                                                                        ("Provisioned", "True", "P")),),
-                                                    templates=templates(w)), policy(**now_mode), NOW)
+    admitted = decide(provisioning(), Observed(requests=(request(w, 1, ("Accepted", "True", "A"),
+                                                               ("Provisioned", "True", "P")),),
+                                           templates=templates(w)), policy(**now_mode), NOW)
     assert admitted.outcome == "admitted"
 
 
@@ -603,7 +604,7 @@ def test_a_job_kuberay_refused_while_its_pods_run_keeps_its_booking_and_says_so(
     w = job("Admitted", suspend=False, status={"jobDeploymentStatus": "ValidationFailed", "message": "bad ttl"},
             annotations={keys.ATTEMPT_ANNOTATION: "1", keys.REQUEST_ANNOTATION: rname(job(), 1)})
     running = Observed(requests=(request(w, 1),), templates=templates(w), consumers={rname(w, 1): 2})
-    plan = decision.decide(w, running, policy(), NOW)
+    plan = decide(w, running, policy(), NOW)
     assert kinds(plan) == ["patch fail", "event RejectedByKubeRay"]  # no delete while 2 pods still run
     after = applied(w, plan)
     reason = after["metadata"]["annotations"][keys.REASON_ANNOTATION]
@@ -612,7 +613,7 @@ def test_a_job_kuberay_refused_while_its_pods_run_keeps_its_booking_and_says_so(
     assert "The job stays suspended" not in event.message  # it was running: raygate does not pretend otherwise
     # The pods end: the next decision frees the booking and its templates.
     gone = Observed(requests=running.requests, templates=running.templates)
-    assert sorted(kinds(decision.decide(Workload(after), gone, policy(), NOW))) == [
+    assert sorted(kinds(decide(Workload(after), gone, policy(), NOW))) == [
         f"delete PodTemplate {tname(w, 'gpu')}", f"delete ProvisioningRequest {rname(w, 1)}"]
 
 
@@ -627,7 +628,7 @@ def test_a_deleted_or_finished_job_keeps_its_booking_until_its_pods_end(status: 
     stale = request(w, 1)
     stale["metadata"]["name"] = "train-old-a0"  # another request of the job that no pod consumes
     obs = Observed(requests=(request(w, 1), stale), templates=templates(w), consumers={rname(w, 1): 1})
-    assert kinds(decision.decide(w, obs, policy(), NOW)) == ["delete ProvisioningRequest train-old-a0"]
+    assert kinds(decide(w, obs, policy(), NOW)) == ["delete ProvisioningRequest train-old-a0"]
 
 
 def test_a_job_gone_leaves_only_the_bookings_its_pods_still_use() -> None:
@@ -640,7 +641,7 @@ def test_a_job_gone_leaves_only_the_bookings_its_pods_still_use() -> None:
 def test_a_held_job_over_a_limit_is_failed_before_anything_is_asked_of_the_autoscaler() -> None:
     """Held before the limit was lowered (or past a webhook that was down): nothing goes to the autoscaler."""
     w = job(workers=5)
-    plan = decision.decide(w, Observed(), policy(limits={"maxRequestPods": 4}), NOW)
+    plan = decide(w, Observed(), policy(limits={"maxRequestPods": 4}), NOW)
     assert kinds(plan) == ["patch fail", "event InvalidJob"]
     assert "would book 5 pods" in applied(w, plan)["metadata"]["annotations"][keys.REASON_ANNOTATION]
 
@@ -671,7 +672,7 @@ def admitted_with(*pods: dict[str, Any]) -> tuple[Workload, Observed]:
 def test_an_admitted_jobs_gated_pods_are_released_into_its_booking() -> None:
     w, _ = admitted_with()
     w, obs = admitted_with(gated_pod(w, "p1"), gated_pod(w, "p2"))
-    plan = decision.decide(w, obs, policy(), NOW)
+    plan = decide(w, obs, policy(), NOW)
     releases = [a for a in plan.actions if isinstance(a, decision.ReleasePod)]
     assert [r.name for r in releases] == ["p1", "p2"]
     after = jsonpatch.apply_patch(gated_pod(w, "p1"), list(releases[0].ops))
@@ -682,7 +683,7 @@ def test_a_scale_up_is_booked_from_the_pods_and_its_wait_is_said_on_the_object()
     w, _ = admitted_with()
     pods = [gated_pod(w, f"p{i}") for i in range(1, 5)]  # the gang booked 2; 2 more are a scale-up
     w, obs = admitted_with(*pods)
-    plan = decision.decide(w, obs, policy(), NOW)
+    plan = decide(w, obs, policy(), NOW)
     assert [a.name for a in plan.actions if isinstance(a, decision.ReleasePod)] == ["p1", "p2"]
     creates = [a for a in plan.actions if isinstance(a, Create)]
     assert [c.kind for c in creates] == ["PodTemplate", "ProvisioningRequest"]
@@ -700,12 +701,12 @@ def test_a_scale_up_request_no_pod_needs_goes_with_its_pod_template() -> None:
     w, _ = admitted_with()
     pods = [gated_pod(w, f"p{i}") for i in range(1, 4)]  # the gang books 2: p3 is a scale-up
     w, obs = admitted_with(*pods)
-    creates = [a.obj for a in decision.decide(w, obs, policy(), NOW).actions if isinstance(a, Create)]
+    creates = [a.obj for a in decide(w, obs, policy(), NOW).actions if isinstance(a, Create)]
     template, up = creates
     up = {**up, "status": {"conditions": [{"type": "Accepted", "status": "True", "reason": "A"}]}}
     w, obs = admitted_with(*pods[:2])  # p3 went before its scale-up was Provisioned
     obs = replace(obs, scale_ups=(up,), templates=(*obs.templates, template))
-    plan = decision.decide(w, obs, policy(), NOW)
+    plan = decide(w, obs, policy(), NOW)
     deleted = [(a.kind, a.name) for a in plan.actions if isinstance(a, decision.Delete)]
     assert deleted == [(ChildKind.PROVISIONING_REQUEST, up["metadata"]["name"]),
                        (ChildKind.POD_TEMPLATE, template["metadata"]["name"])]

@@ -12,7 +12,7 @@ import yaml
 
 from raygate.core import keys
 from raygate.core.policy import PROTECTED_NAMESPACES
-from raygate.webhook.registration import configurations
+from raygate.devenv.registration import configurations
 
 MANIFEST = Path(__file__).resolve().parents[2] / "config" / "base" / "webhook-configurations.yaml"
 

@@ -12,7 +12,7 @@ import jsonpatch
 import pytest
 
 from raygate.core import keys
-from raygate.release import Child, blockers, child_of, plan, release_ops, render
+from raygate.release import Child, blockers, child_of, job_release_ops, plan, render
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -89,7 +89,7 @@ def test_release_patch_unsuspends_and_removes_only_raygates_keys() -> None:
         keys.ATTEMPT_ANNOTATION: "2", keys.REQUEST_ANNOTATION: "a-pr", keys.REASON_ANNOTATION: "waiting",
         f"{keys.PROVREQ_PARAM_PREFIX}ValidUntilSeconds": "60", "team/owner": "alice"},
         labels={"app": "train"})
-    released = jsonpatch.apply_patch(copy.deepcopy(obj), release_ops(obj))
+    released = jsonpatch.apply_patch(copy.deepcopy(obj), job_release_ops(obj))
     assert released["spec"]["suspend"] is False
     assert released["metadata"]["labels"] == {"app": "train"}
     assert released["metadata"]["annotations"] == {f"{keys.PROVREQ_PARAM_PREFIX}ValidUntilSeconds": "60",
@@ -99,13 +99,13 @@ def test_release_patch_unsuspends_and_removes_only_raygates_keys() -> None:
 def test_release_patch_adds_suspend_false_when_absent() -> None:
     _, obj = job("c", kind=keys.RAYCLUSTER_KIND)
     del obj["spec"]["suspend"]
-    assert jsonpatch.apply_patch(copy.deepcopy(obj), release_ops(obj))["spec"]["suspend"] is False
+    assert jsonpatch.apply_patch(copy.deepcopy(obj), job_release_ops(obj))["spec"]["suspend"] is False
 
 
 @pytest.mark.parametrize("change", ["state", "uid"])
 def test_release_patch_fails_on_a_job_changed_since_listing(change: str) -> None:
     _, obj = job("a")
-    ops = release_ops(obj)
+    ops = job_release_ops(obj)
     if change == "state":
         obj["metadata"]["labels"][keys.STATE_LABEL] = "Admitted"
     else:

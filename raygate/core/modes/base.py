@@ -4,8 +4,9 @@ A mode is one class (one module each, as KubeRay keeps one file per batch schedu
 `ModeRules`: what the webhook adds to a job it admits, what it refuses, and whether raygate holds
 the job or another system admits it. A mode that schedules each gang through group objects the
 reconciler creates (Volcano's PodGroup; Kubernetes' own Workload and PodGroup) also implements the
-optional `GroupRules`, as Kueue's job integrations add capabilities through small extra interfaces.
-Callers ask the registry (`raygate.core.modes`) for a mode's rules and never branch on a mode's name.
+optional `GroupRules`, and of its capabilities those it has, as Kueue's job integrations add theirs
+through small JobWith* interfaces. Callers ask the registry (`raygate.core.modes.for_object`) for an
+object's rules and never branch on a mode's name.
 """
 
 from __future__ import annotations
@@ -13,24 +14,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from raygate.core.api import Resource, Served
-from raygate.core.keys import ChildKind
+from raygate.core.keys import ChildKind, Mode
 from raygate.core.objects import JSON
 from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Workload
-
-if TYPE_CHECKING:  # the policy model names its mode; the modes read the policy only through its fields
-    from raygate.core.policy import NamespacePolicy
-
-
-class Mode(StrEnum):
-    PROVISIONING = "provisioning"
-    VOLCANO = "volcano"
-    KUEUE = "kueue"
-    NATIVE = "native"
 
 
 class ModeRules(ABC):
@@ -62,7 +53,8 @@ class ModeRules(ABC):
         return []
 
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can."""
+        """Why the job cannot be admitted in this mode, each saying what to change; [] when it can. (Where its
+        capacity is booked, what one ProvisioningRequest cannot hold is refused too: raygate.core.booking.)"""
         return []
 
     def stored_problem(self, w: Workload, namespace: str) -> str | None:
@@ -121,7 +113,9 @@ NO_MEMBERS = NoMembers()
 
 class GroupRules(ABC):
     """Optional: a mode that schedules each gang through group objects the reconciler creates, owned by the
-    job, before the job is unsuspended."""
+    job, before the job is unsuspended. What every such mode has; what only some have are the capabilities
+    below, each a GroupRules of its own, as Kueue's job integrations add theirs through small JobWith*
+    interfaces: a mode's class line names what it has (tests/unit/test_modes.py keeps the table)."""
 
     group_kinds: ClassVar[tuple[ChildKind, ...]]
     """The kinds of group object, in the order they are created."""
@@ -129,8 +123,6 @@ class GroupRules(ABC):
     """The job's pod templates name its group from creation on, so the group is kept while the job is stopped
     (failed, or released by `raygate release`: its pods still gang-schedule once KubeRay creates them). False:
     they name one per admission, so a stopped job's groups go."""
-    prerequisite_reason: ClassVar[str] = "PrerequisiteMissing"  # the Event reason while it holds a job
-    rewritten_reason: ClassVar[str] = "GroupRewritten"  # the Event reason when another writer changed the group
 
     @abstractmethod
     def resources(self, served: Served) -> dict[ChildKind, Resource]:
@@ -150,58 +142,81 @@ class GroupRules(ABC):
     def group_objects(self, w: Workload, spec: GroupSpec, served: Served) -> list[tuple[ChildKind, JSON]]:
         """The objects to create, in order."""
 
-    def prerequisite(self, spec: GroupSpec) -> Prerequisite | None:
-        """What to read from the cluster before creating the group."""
-        return None
-
-    def prerequisite_problem(self, spec: GroupSpec, found: Mapping[str, Any] | None) -> str | None:
-        """Why the group cannot be created yet, given the prerequisite as found (None: it does not exist)."""
-        return None
-
-    def drift(self, spec: GroupSpec, actual: Mapping[str, Any]) -> list[str]:
-        """How the group in the cluster differs from the recorded one, in the fields that decide the gang."""
-        return []
-
-    def rewritten(self, spec: GroupSpec, changes: list[str]) -> str:
-        """Why a job whose group another writer changed is stopped, and what to do about it."""
-        return f"{spec.name} was rewritten by another writer ({'; '.join(changes)}); raygate suspended the job"
-
+    @abstractmethod
     def schedules(self, spec: GroupSpec) -> str:
         """Why a job admitted without a booking is safe to start (its Event and reason say it)."""
-        return f"{self.group_kinds[0]} {spec.name} gang-schedules the pods"
 
-    def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:  # noqa: B027 (optional: default none)
+    @abstractmethod
+    def admit(self, b: PatchBuilder, w: Workload, spec: GroupSpec) -> None:
         """What the patch that unsuspends the job writes for the group (pods must never exist without it)."""
-
-    # --- optional: groups at the pod --------------------------------------------------------------
-    def pod_patch(self, b: PatchBuilder, pod: Mapping[str, Any], namespace: str, gated: bool,  # noqa: B027
-                  members: Members) -> None:
-        """What the pod webhook writes into a pod being created (`gated`: raygate gates it, so it is released
-        only against a booking); pure, from `members` (the webhook's cache)."""
-
-    def names_group(self, pod: Mapping[str, Any]) -> str | None:
-        """The group a pod being created must join, as its template says (None: none of this mode's)."""
-        return None
-
-    def pod_problem(self, pod: Mapping[str, Any]) -> str | None:
-        """Why a pod, as it would be stored after every mutating webhook, must not be created."""
-        return None
-
-    def increment_objects(self, w: Workload, name: str, pod_set: str, pods: int,
-                          served: Served) -> list[tuple[ChildKind, JSON]]:
-        """The group of `pods` pods of `pod_set` released together that name group `name`, which raygate has not
-        made yet (a scale-up's increment); [] when this mode makes none."""
-        return []
-
-    def is_increment(self, obj: Mapping[str, Any]) -> bool:
-        """Whether a group object is a scale-up's increment (it goes when its pods have)."""
-        return False
-
-    def marks(self, obj: Mapping[str, Any], bound: Mapping[str, int]) -> list[PatchOp]:
-        """What the reconciler records on a group object of an admitted job, given its bound pods per Ray
-        cluster (JSON patch operations; [] when nothing changes)."""
-        return []
 
     def describe(self, spec: GroupSpec, served: Served) -> str | None:
         """The group objects in a line, for `raygate explain`."""
         return None
+
+
+class GroupsWithPrerequisite(GroupRules):
+    """Group objects that need another object before they can be created (Volcano: its Queue, which must be
+    Open); the reconciler reads it first."""
+
+    prerequisite_reason: ClassVar[str]
+    """The Event reason while the prerequisite holds a job."""
+
+    @abstractmethod
+    def prerequisite(self, spec: GroupSpec) -> Prerequisite:
+        """What to read from the cluster before creating the group."""
+
+    @abstractmethod
+    def prerequisite_problem(self, spec: GroupSpec, found: Mapping[str, Any] | None) -> str | None:
+        """Why the group cannot be created yet, given the prerequisite as found (None: it does not exist)."""
+
+
+class GroupsWithDrift(GroupRules):
+    """Group objects another writer may change after raygate made them (KubeRay's own Volcano integration
+    rewrites a PodGroup of the name raygate uses): the reconciler finds the change and stops the job."""
+
+    rewritten_reason: ClassVar[str]
+    """The Event reason when another writer changed the group."""
+
+    @abstractmethod
+    def drift(self, spec: GroupSpec, actual: Mapping[str, Any]) -> list[str]:
+        """How the group in the cluster differs from the recorded one, in the fields that decide the gang."""
+
+    @abstractmethod
+    def rewritten(self, spec: GroupSpec, changes: list[str]) -> str:
+        """Why a job whose group another writer changed is stopped, and what to do about it."""
+
+
+class GroupsAtThePod(GroupRules):
+    """Groups each pod names itself at CREATE (Kubernetes' spec.schedulingGroup): the pod webhook writes the group
+    into every pod, a scale-up's pods get groups of their own (increments), and the reconciler records on a
+    group what the scheduler bound."""
+
+    @abstractmethod
+    def pod_patch(self, b: PatchBuilder, pod: Mapping[str, Any], namespace: str, gated: bool,
+                  members: Members) -> None:
+        """What the pod webhook writes into a pod being created (`gated`: raygate gates it, so it is released
+        only against a booking); pure, from `members` (the webhook's cache)."""
+
+    @abstractmethod
+    def names_group(self, pod: Mapping[str, Any]) -> str | None:
+        """The group a pod being created must join, as its template says (None: none of this mode's)."""
+
+    @abstractmethod
+    def pod_problem(self, pod: Mapping[str, Any]) -> str | None:
+        """Why a pod, as it would be stored after every mutating webhook, must not be created."""
+
+    @abstractmethod
+    def increment_objects(self, w: Workload, name: str, pod_set: str, pods: int,
+                          served: Served) -> list[tuple[ChildKind, JSON]]:
+        """The group of `pods` pods of `pod_set` released together that name group `name`, which raygate has not
+        made yet (a scale-up's increment)."""
+
+    @abstractmethod
+    def is_increment(self, obj: Mapping[str, Any]) -> bool:
+        """Whether a group object is a scale-up's increment (it goes when its pods have)."""
+
+    @abstractmethod
+    def marks(self, obj: Mapping[str, Any], bound: Mapping[str, int]) -> list[PatchOp]:
+        """What the reconciler records on a group object of an admitted job, given its bound pods per Ray
+        cluster (JSON patch operations; [] when nothing changes)."""

@@ -8,15 +8,13 @@ raygate's; the validating webhook refuses a job that arrives unsuspended (`store
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from raygate.core import keys, queue_labels
-from raygate.core.modes.base import Mode, ModeRules
+from raygate.core.keys import Mode
+from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Workload
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 
 class Kueue(ModeRules):

@@ -26,35 +26,23 @@ ever elsewhere.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from raygate.core import api, booking, keys
+from raygate.core import api, keys
 from raygate.core.api import Resource, Served
 from raygate.core.identity import pod_set_of
-from raygate.core.keys import ChildKind
-from raygate.core.modes.base import GroupRules, GroupSpec, Members, Mode, ModeRules
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes.base import GroupsAtThePod, GroupSpec, Members, ModeRules
 from raygate.core.modes.provisioning import hold
+from raygate.core.names import dns, short_hash
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder, PatchOp
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import DEFAULT_SCHEDULER, Gang, Workload, child_metadata
 
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
-
 WORKLOAD_KIND = "Workload"
-_INVALID = re.compile(r"[^a-z0-9-]+")
 NAME_BUDGET = 40  # of the job's name in its group's: group names stay within 63 characters, increments too
-
-
-def _hash(*parts: str, length: int = 8) -> str:
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:length]
-
-
-def _dns(text: str, limit: int) -> str:
-    return _INVALID.sub("-", text.lower())[:limit].strip("-") or "x"
 
 
 def min_count(gang: Gang) -> int:
@@ -78,15 +66,15 @@ def group_name(w: Workload, count: int) -> str:
     and so does each attempt (a job requeued after admission starts its gang afresh); a job re-created under
     the same name never meets its predecessor's (the uid is in the hash)."""
     uid = str(get(w.obj, ("metadata", "uid"), ""))
-    return f"{_dns(w.name, NAME_BUDGET)}-{_hash(w.kind, w.namespace, w.name, uid, str(count), str(attempt(w)))}"
+    return f"{dns(w.name, NAME_BUDGET)}-{short_hash(w.kind, w.namespace, w.name, uid, str(count), str(attempt(w)))}"
 
 
 def increment_name(group: str, pod_set: str, n: int) -> str:
     """The group of the n-th scale-up increment of a pod set beyond the gang's own pods."""
-    return f"{group}-{_hash(group, pod_set, length=6)}-{n}"
+    return f"{group}-{short_hash(group, pod_set, length=6)}-{n}"
 
 
-class Native(ModeRules, GroupRules):
+class Native(ModeRules, GroupsAtThePod):
     mode = Mode.NATIVE
     admitted_by = "raygate"
     provisions_by_default = True
@@ -109,14 +97,13 @@ class Native(ModeRules, GroupRules):
 
     # --- at creation (webhook) ------------------------------------------------------------------
     def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        out = booking.refusals(policy, gang)
         seats = {p.name for p in gang.pod_sets if p.in_min_member}
         schedulers = sorted({str(get(w.obj, (*path, "spec", "schedulerName")) or DEFAULT_SCHEDULER)
                              for task, path in w.template_paths() if task in seats})
         if len(schedulers) > 1:
-            out.append(f"the pod templates of the gang name different schedulers ({', '.join(schedulers)}), and "
-                       "every pod of a PodGroup must use the same one: give them one schedulerName (or none)")
-        return out
+            return [f"the pod templates of the gang name different schedulers ({', '.join(schedulers)}), and "
+                    "every pod of a PodGroup must use the same one: give them one schedulerName (or none)"]
+        return []
 
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)

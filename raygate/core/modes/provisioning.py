@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from raygate.core import booking, keys
-from raygate.core.modes.base import Mode, ModeRules
+from raygate.core import keys
+from raygate.core.keys import Mode
+from raygate.core.modes.base import ModeRules
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Workload
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 
 def hold(b: PatchBuilder) -> None:
@@ -25,9 +22,6 @@ class Provisioning(ModeRules):
     provisions_by_default = True
     # Written by the reconciler in the patch that admits the job: the booking its pods consume.
     template_annotations = (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
-
-    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        return booking.refusals(policy, gang)
 
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)

@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from raygate.core import api, booking, keys, queue_labels
+from raygate.core import api, keys, queue_labels
 from raygate.core import quantity as q
 from raygate.core.api import Resource, Served
-from raygate.core.keys import ChildKind
-from raygate.core.modes.base import GroupRules, GroupSpec, Mode, ModeRules, Prerequisite
+from raygate.core.keys import ChildKind, Mode
+from raygate.core.modes.base import GroupSpec, GroupsWithDrift, GroupsWithPrerequisite, ModeRules, Prerequisite
 from raygate.core.modes.provisioning import hold
 from raygate.core.objects import JSON, get
 from raygate.core.patch import PatchBuilder
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, ManifestError, Workload, child_metadata
-
-if TYPE_CHECKING:
-    from raygate.core.policy import NamespacePolicy
 
 DEFAULT_QUEUE = "default"  # Volcano's built-in queue
 OPEN = "Open"
@@ -82,7 +80,7 @@ def _resources(value: Any) -> dict[str, Any] | None:
         return None
 
 
-class Volcano(ModeRules, GroupRules):
+class Volcano(ModeRules, GroupsWithPrerequisite, GroupsWithDrift):
     mode = Mode.VOLCANO
     decided_labels = frozenset({keys.VOLCANO_QUEUE_LABEL, keys.RAY_PRIORITY_CLASS_LABEL})
     template_annotations = (keys.VOLCANO_GROUP_NAME_ANNOTATION, keys.VOLCANO_TASK_SPEC_ANNOTATION)
@@ -91,9 +89,6 @@ class Volcano(ModeRules, GroupRules):
     rewritten_reason = "PodGroupRewritten"
 
     # --- at creation (webhook) ------------------------------------------------------------------
-    def refusals(self, w: Workload, policy: NamespacePolicy, gang: Gang) -> list[str]:
-        return booking.refusals(policy, gang)  # where it also books capacity
-
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)
         queue_name = queue_labels.apply_labels(

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from raygate import demo_elastic
 from raygate.core import keys
 from raygate.core.errors import RaygateError
 from raygate.core.objects import JSON
+from raygate.devenv import demo_elastic
 
 JOBS = ("train-a", "train-b")
 WORKERS = 2
@@ -153,6 +153,7 @@ class Timeline:
             self.say(subject, text)
 
     def tick(self) -> dict[str, dict[str, Any]]:
+        from raygate.core import booking
         from raygate.core.api import EVENTS
         from raygate.core.conditions import raw_conditions
 
@@ -168,7 +169,7 @@ class Timeline:
                 self.report(f"node/{name}", "ready", "deleted (scaled down)")
         for pr in self._prs:
             conditions = raw_conditions(pr)
-            for ctype in ("Accepted", "Provisioned", "Failed", "BookingExpired"):
+            for ctype in (booking.ACCEPTED, booking.PROVISIONED, booking.FAILED, booking.BOOKING_EXPIRED):
                 cond = conditions.get(ctype)
                 if cond is None:
                     continue

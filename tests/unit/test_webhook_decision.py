@@ -17,7 +17,7 @@ import pytest
 from builders import RayCluster, RayJob, config, container, gpu_job, pod_template, request
 
 from raygate.core import keys
-from raygate.core.modes import Mode
+from raygate.core.keys import Mode
 from raygate.core.patch import pointer
 from raygate.core.policy import KUBERAY_OPERATOR_USER, NamespacePolicy, RaygateConfig
 from raygate.core.workload import Workload
@@ -457,16 +457,20 @@ def test_left_alone(case: Skip) -> None:
     assert (d.allowed, d.patch, d.outcome) == (True, [], case.outcome)
 
 
-@pytest.mark.parametrize(("user", "cfg"), [
-    (OPERATOR, DEFAULT),
+@pytest.mark.parametrize(("user", "cfg", "child"), [
+    (OPERATOR, DEFAULT, kuberay_child()),
     ("system:serviceaccount:default:kuberay-operator",
-     RaygateConfig.model_validate({"rayOperatorUsers": ["system:serviceaccount:default:kuberay-operator"]})),
-], ids=["kuberay_operator", "operator_identity_is_configurable"])
+     RaygateConfig.model_validate({"rayOperatorUsers": ["system:serviceaccount:default:kuberay-operator"]}),
+     kuberay_child()),
+    # Without a recorded mode the namespace's applies (raygate.core.modes.for_object): in kueue mode Kueue admits
+    # the job, and its cluster is KubeRay's, not a workload of Kueue's own.
+    (OPERATOR, config(mode="kueue", queueName="q"), kuberay_child("team", "ml")),
+], ids=["kuberay_operator", "operator_identity_is_configurable",
+        "kuberay_cluster_of_a_job_raygate_never_saw_in_a_kueue_namespace"])
 def test_kuberays_cluster_of_an_admitted_rayjob_is_left_alone_but_for_the_record_of_its_parent(
-        user: str, cfg: RaygateConfig) -> None:
+        user: str, cfg: RaygateConfig, child: dict[str, Any]) -> None:
     """Whose cluster it is, is recorded when the operator makes it: the reconciler never reads it from the
     ownerReference, which anyone creating a RayCluster may write."""
-    child = kuberay_child()
     d = mutate(request(child, user=user), OPTED_IN, cfg)
     assert (d.allowed, d.outcome) == (True, "skipped-owned-by-rayjob")
     stored = applied(child, d)

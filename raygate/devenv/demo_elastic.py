@@ -97,6 +97,7 @@ class Watch:
                 changes.append(pod)
 
     def tick(self) -> list[dict[str, Any]]:
+        from raygate.core import booking
         from raygate.core.api import RAYCLUSTERS, provisioning_requests
         from raygate.core.conditions import raw_conditions
 
@@ -108,7 +109,8 @@ class Watch:
             count = sum(int(ps["count"]) for ps in pr["spec"]["podSets"])
             said = ", ".join(f"{t}={c.get('status')}" + (f" ({c['reason']})" if c.get("status") != "True" and
                                                           c.get("reason") else "")
-                             for t, c in raw_conditions(pr).items() if t in ("Accepted", "Provisioned", "Failed"))
+                             for t, c in raw_conditions(pr).items()
+                             if t in (booking.ACCEPTED, booking.PROVISIONED, booking.FAILED))
             self._report(f"provreq/{pr['metadata']['name']}", f"scale-up of {count} pod(s)  {said or 'asked'}")
         for p in changes:
             phase = (p.get("status") or {}).get("phase", "?")
