@@ -1,0 +1,147 @@
+"""The queue held jobs wait in: their order, and whose turn it is to ask the cluster-autoscaler.
+
+Where raygate books capacity, every held job used to get its ProvisioningRequest at once, and the
+cluster-autoscaler (which serves about one request per loop, picked in no set order) decided who ran
+next. Now raygate decides: held jobs wait in a named queue, ordered by priority, then creation time,
+then uid (so the order is the same for every replica, and after every restart: it is read from the
+objects), and only the jobs whose turn it is have a request outstanding.
+
+- StrictFIFO: only the head asks. Nobody passes it, even when it cannot be provisioned now.
+- BestEffortFIFO: the head asks; when it is answered "not now" (Provisioned=False), the next job may
+  ask too, and so on, so that capacity the head cannot use does not sit idle. A job that asks at least
+  as much of the same nodes as one ahead of it that was answered "not now" does not try (it could not
+  fit either), and at most `lookahead` jobs behind the head ask at once. When capacity frees, the jobs
+  behind the head withdraw their unanswered requests and the head asks again first.
+
+Pure: jobs in, turns out. Positions are computed when asked, never written per job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from raygate.core import keys, podgate
+from raygate.core.objects import get
+from raygate.core.workload import Gang, Manages, Workload
+
+JobKey = tuple[str, str, str]  # (kind, namespace, name)
+Shape = Mapping[tuple[str, str], int]  # (placement digest, managed request per pod) -> pods
+
+
+class Strategy(StrEnum):
+    STRICT_FIFO = "StrictFIFO"
+    BEST_EFFORT_FIFO = "BestEffortFIFO"
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A held job as its queue sees it."""
+
+    key: JobKey
+    priority: int
+    created: str  # RFC 3339, UTC: sorts as text
+    uid: str
+    answered: str | None = None  # when the autoscaler last answered its request "not now" (Provisioned=False)
+    shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
+
+    @property
+    def order(self) -> tuple[int, str, str]:
+        return -self.priority, self.created, self.uid
+
+    @property
+    def name(self) -> str:
+        return f"{self.key[0]} {self.key[1]}/{self.key[2]}"
+
+    def not_now(self, freed: str) -> bool:
+        """Answered "not now" since capacity last freed (an older answer is out of date: it asks again)."""
+        return self.answered is not None and self.answered > freed
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Whether a held job may have a request outstanding, and where it stands."""
+
+    may_ask: bool
+    position: int  # 1 is the front
+    length: int  # jobs in the queue
+    behind: str | None = None  # the job right ahead of it ("RayJob ns/name"), when it may not ask
+
+    @property
+    def front(self) -> bool:
+        return self.position == 1
+
+
+def ordered(jobs: Iterable[Waiting]) -> list[Waiting]:
+    return sorted(jobs, key=lambda j: j.order)
+
+
+def covers(bigger: Shape, smaller: Shape) -> bool:
+    """`bigger` asks at least what `smaller` asks of the same nodes (so it cannot fit where `smaller` did not)."""
+    return bool(smaller) and all(bigger.get(k, 0) >= n for k, n in smaller.items())
+
+
+# How far behind the head BestEffortFIFO looks for a job that may try: further back, jobs wait for the front to
+# move (each update of a queue walks at most this far, whatever its length).
+SCAN = 1000
+
+
+def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[JobKey]:
+    """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
+    waits, behind the job right ahead of it."""
+    if not queue:
+        return []
+    asking = [queue[0]]
+    if strategy is Strategy.BEST_EFFORT_FIFO:
+        for job in queue[1:SCAN]:
+            # One at a time (the autoscaler answers one before the next asks), at most `lookahead` behind the head.
+            if len(asking) > lookahead or any(not a.not_now(freed) for a in asking):
+                break
+            if not any(covers(job.shape, a.shape) for a in asking):  # else it could not fit either
+                asking.append(job)
+    return [j.key for j in asking]
+
+
+def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[JobKey, Turn]:
+    """Each job's turn, `queue` in order (for tests and status; the reconciler keeps only the askers)."""
+    may = set(askers(queue, strategy, lookahead, freed))
+    return {j.key: Turn(j.key in may, i + 1, len(queue), None if j.key in may else queue[i - 1].name)
+            for i, j in enumerate(queue)}
+
+
+# --- what a held job is, to its queue -------------------------------------------------------------
+
+PriorityClasses = Mapping[str, int]  # PriorityClass name -> value
+
+
+def priority_class_name(w: Workload, default: str | None) -> str | None:
+    """The PriorityClass a Ray object runs with: its label ray.io/priority-class-name (which KubeRay's Volcano and
+    YuniKorn integrations read too), else the one its head pod asks for, else its namespace's default."""
+    label = w.labels.get(keys.RAY_PRIORITY_CLASS_LABEL)
+    if label:
+        return label
+    for _, path in w.template_paths():
+        found = get(w.obj, (*path, "spec", "priorityClassName"))
+        if isinstance(found, str) and found:
+            return found
+    return default
+
+
+def priority(name: str | None, classes: PriorityClasses, global_default: int = 0) -> int:
+    """A PriorityClass's value; the cluster's global default for none (as the Priority admission plugin sets
+    pods); 0 for a name that does not exist (the API server would refuse such pods anyway)."""
+    if name is None:
+        return global_default
+    return classes.get(name, 0)
+
+
+def shape(w: Workload, gang: Gang, manages: Manages) -> dict[tuple[str, str], int]:
+    """What the gang asks of which nodes: pods per (placement, managed request per pod)."""
+    out: dict[tuple[str, str], int] = {}
+    for p in gang.managed_pod_sets(manages):
+        per_pod = p.managed(manages)
+        spec = get(w.obj, (*p.template_path, "spec")) if p.template_path is not None else None
+        key = (podgate.match_digest(spec, per_pod), ",".join(f"{r}={v}" for r, v in sorted(per_pod.items())))
+        out[key] = out.get(key, 0) + p.count
+    return out

@@ -1,0 +1,138 @@
+"""The held jobs of each queue, kept from the reconciler's caches, and whose turn it is to ask.
+
+The order is read from the objects (priority, creation time, uid) whenever a job comes, goes or changes,
+so a restarted or newly elected reconciler builds the same queues. Only the jobs whose turn changes are
+reconciled again: the askers at the front (raygate.core.queueing), and the job right behind one that came
+or went (its reason names the job right ahead of it). Positions are computed when asked (status, metrics):
+ten thousand held jobs cost no write when the queue moves.
+
+When capacity frees (a job's last pod consuming its booking ends, or a job goes), its queue's answers
+from before are out of date: the jobs behind the head withdraw their requests and the head asks again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raygate.core.queueing import JobKey, Strategy, Turn, Waiting, askers
+
+
+def _order(job: Waiting) -> tuple[int, str, str]:
+    return job.order
+
+
+@dataclass(frozen=True)
+class Rules:
+    strategy: Strategy
+    lookahead: int
+
+
+@dataclass
+class _Queue:
+    rules: Rules
+    jobs: list[Waiting]  # in order
+    askers: frozenset[JobKey] = frozenset()
+    freed: str = ""  # RFC 3339: when capacity last freed (answers before it are out of date)
+
+
+class QueueIndex:
+    def __init__(self, on_change: Callable[[JobKey], None]) -> None:
+        """`on_change(job)`: the job's turn changed (it may ask now, or must withdraw, or waits behind another)."""
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._queues: dict[str, _Queue] = {}
+        self._where: dict[JobKey, tuple[str, Waiting]] = {}
+
+    def put(self, queue: str, rules: Rules, job: Waiting) -> None:
+        """A held job as it is now, in the queue its namespace maps to."""
+        with self._lock:
+            changed = self._remove(job.key)
+            q = self._queues.setdefault(queue, _Queue(rules, []))
+            q.rules = rules
+            i = bisect.bisect_left(q.jobs, job.order, key=_order)
+            q.jobs.insert(i, job)
+            self._where[job.key] = (queue, job)
+            changed |= self._neighbour(q, i + 1) | self._reask(queue)
+        self._notify(changed)
+
+    def drop(self, key: JobKey) -> None:
+        """The job is no longer held: admitted, failed, or gone."""
+        with self._lock:
+            changed = self._remove(key)
+        self._notify(changed)
+
+    def freed(self, queue: str, at: str) -> None:
+        """Capacity of this queue's jobs freed at `at`: answers from before are out of date."""
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None or at <= q.freed:
+                return
+            q.freed = at
+            changed = self._reask(queue)
+        self._notify(changed)
+
+    def freed_at(self, queue: str) -> str:
+        with self._lock:
+            q = self._queues.get(queue)
+            return q.freed if q is not None else ""
+
+    def queue_of(self, key: JobKey) -> str | None:
+        with self._lock:
+            found = self._where.get(key)
+            return found[0] if found else None
+
+    def turn(self, key: JobKey) -> Turn | None:
+        """The job's turn, or None for a job in no queue (not held, or not yet seen)."""
+        with self._lock:
+            found = self._where.get(key)
+            if found is None:
+                return None
+            q = self._queues[found[0]]
+            i = self._index(q, found[1])
+            if key in q.askers:
+                return Turn(True, i + 1, len(q.jobs))
+            return Turn(False, i + 1, len(q.jobs), q.jobs[i - 1].name if i else None)
+
+    def lengths(self) -> dict[str, int]:
+        with self._lock:
+            return {name: len(q.jobs) for name, q in self._queues.items()}
+
+    def oldest(self) -> dict[str, str]:
+        """Per queue, the creation time of its job that has waited longest."""
+        with self._lock:
+            return {name: min(j.created for j in q.jobs) for name, q in self._queues.items() if q.jobs}
+
+    # --- under the lock ---------------------------------------------------------------------------
+    @staticmethod
+    def _index(q: _Queue, job: Waiting) -> int:
+        return bisect.bisect_left(q.jobs, job.order, key=_order)
+
+    def _remove(self, key: JobKey) -> set[JobKey]:
+        found = self._where.pop(key, None)
+        if found is None:
+            return set()
+        name, job = found
+        q = self._queues[name]
+        i = self._index(q, job)
+        del q.jobs[i]
+        return (self._neighbour(q, i) | self._reask(name)) - {key}
+
+    @staticmethod
+    def _neighbour(q: _Queue, i: int) -> set[JobKey]:
+        """The job at `i` got another job right ahead of it."""
+        return {q.jobs[i].key} if i < len(q.jobs) else set()
+
+    def _reask(self, name: str) -> set[JobKey]:
+        """Recompute who asks; the jobs that start or stop asking."""
+        q = self._queues[name]
+        now = frozenset(askers(q.jobs, q.rules.strategy, q.rules.lookahead, q.freed))
+        changed = set(now ^ q.askers)
+        q.askers = now
+        return changed
+
+    def _notify(self, keys: set[JobKey]) -> None:
+        for key in sorted(keys):
+            self._on_change(key)

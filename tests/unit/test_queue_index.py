@@ -1,0 +1,59 @@
+"""The reconciler's queues: kept from job events; only jobs whose turn changes are reconciled again."""
+
+from __future__ import annotations
+
+from raygate.core.queueing import Strategy, Waiting
+from raygate.reconciler.queues import QueueIndex, Rules
+
+STRICT = Rules(Strategy.STRICT_FIFO, 8)
+BEST = Rules(Strategy.BEST_EFFORT_FIFO, 8)
+
+
+def job(name: str, created: int, priority: int = 0, answered: str | None = None) -> Waiting:
+    return Waiting(("RayJob", "ns", name), priority, f"2030-01-01T00:00:{created:02d}Z", f"uid-{name}", answered,
+                   {("a100", "gpu=4"): 1} if name != "elsewhere" else {("h100", "gpu=8"): 1})
+
+
+def index() -> tuple[QueueIndex, list[str]]:
+    seen: list[str] = []
+    return QueueIndex(lambda key: seen.append(key[2])), seen
+
+
+def test_jobs_wait_in_order_and_only_the_ones_whose_turn_changes_are_told() -> None:
+    q, seen = index()
+    for i in range(1, 6):
+        q.put("default", STRICT, job(f"q{i}", i))
+    assert seen == ["q1"]  # the head may ask; the others wait behind the job ahead, which did not change
+    seen.clear()
+    q.drop(("RayJob", "ns", "q1"))  # admitted
+    assert seen == ["q2"]
+    turn = q.turn(("RayJob", "ns", "q4"))
+    assert turn is not None and (turn.may_ask, turn.position, turn.length, turn.behind) == (False, 3, 4, "RayJob ns/q3")
+
+
+def test_a_higher_priority_job_goes_to_the_front_and_the_old_head_stops_asking() -> None:
+    q, seen = index()
+    q.put("default", STRICT, job("q1", 1))
+    q.put("default", STRICT, job("q2", 2))
+    seen.clear()
+    q.put("default", STRICT, job("urgent", 9, priority=1000))
+    assert sorted(seen) == ["q1", "urgent"]  # urgent asks; q1 withdraws and now waits behind it
+    assert q.turn(("RayJob", "ns", "urgent")).front  # type: ignore[union-attr]
+
+
+def test_when_capacity_frees_the_jobs_behind_the_head_withdraw_and_the_head_asks_again() -> None:
+    q, seen = index()
+    q.put("default", BEST, job("head", 1, answered="2030-01-01T00:01:00Z"))
+    q.put("default", BEST, job("elsewhere", 2, answered="2030-01-01T00:01:30Z"))
+    assert q.turn(("RayJob", "ns", "elsewhere")).may_ask  # type: ignore[union-attr]
+    seen.clear()
+    q.freed("default", "2030-01-01T00:02:00Z")
+    assert seen == ["elsewhere"] and not q.turn(("RayJob", "ns", "elsewhere")).may_ask  # type: ignore[union-attr]
+    assert q.freed_at("default") == "2030-01-01T00:02:00Z"
+
+
+def test_queues_are_separate() -> None:
+    q, _ = index()
+    q.put("a100", STRICT, job("a", 1))
+    q.put("h100", STRICT, job("b", 2))
+    assert q.turn(("RayJob", "ns", "b")).front and q.lengths() == {"a100": 1, "h100": 1}  # type: ignore[union-attr]
