@@ -536,10 +536,11 @@ class Controller:
         if res is None:
             return
         try:
-            patched = self.kube.patch(res, action.name, list(action.ops), namespace, content_type=JSON_PATCH)
+            patched = self.kube.patch(res, action.name, list(action.ops), namespace, content_type=JSON_PATCH,
+                                      sub="status" if action.status else None)
         except ApiError as err:
-            if err.not_found:
-                return
+            if err.not_found or (action.status and err.status == 422):
+                return  # gone; or its status changed since it was read (decided again on the new one)
             raise
         with self._lock:
             self._created[(action.kind, namespace, action.name)] = child_view(patched)

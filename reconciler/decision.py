@@ -193,11 +193,12 @@ class PatchJob:
 
 @dataclass(frozen=True)
 class PatchChild:
-    """A JSON patch of a child raygate made (what it records on a group object)."""
+    """A JSON patch of a child raygate made (what it records on a group object; `status`: of its status)."""
 
     kind: ChildKind
     name: str
     ops: tuple[PatchOp, ...]
+    status: bool = False
 
 
 @dataclass(frozen=True)
@@ -591,7 +592,7 @@ def _admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, 
         # could start again. It waits for capacity anew, as any held job.
         return _requeue(w, obs, rules, name, "was suspended after admission", "Requeued")
     if rules.gates_pods:
-        _gate(w, obs, rules, plan, version)
+        _gate(w, obs, rules, plan, version, now)
     pr = obs.request(name) if name else None
     revoked = conditions(pr).get(booking.CAPACITY_REVOKED) if pr is not None else None
     if revoked is None or not revoked.true or name is None:
@@ -606,11 +607,12 @@ def _admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, 
                     "CapacityRevoked", suspend=True)
 
 
-def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: str | None) -> None:
+def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: str | None,
+          now: dt.datetime) -> None:
     """The pod gate of an admitted object: release its gated pods into the slots its Provisioned requests
     book, book the rest as scale-ups, and say why any still wait."""
     every = [*obs.requests, *obs.scale_ups]
-    booked = sum(int(ps.get("count") or 0) for r in every if not booking.ended(r)
+    booked = sum(int(ps.get("count") or 0) for r in every if booking.provisioned(r) or not booking.ended(r)
                  for ps in get(r, ("spec", "podSets")) or [] if isinstance(ps, Mapping))
     policy = rules.policy
     desired = _desired(w, obs, policy)
@@ -649,6 +651,8 @@ def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: s
         request = children.scale_up_request(w, pod_set, _name(template), count, existing, policy, version)
         if _name(request) not in classes:
             plan.actions.append(Create(ChildKind.PROVISIONING_REQUEST, request))
+    plan.actions += [PatchChild(ChildKind.PROVISIONING_REQUEST, _name(r), tuple(booking.consumed_ops(r, now)),
+                                status=True) for r in every if _name(r) in g.consumed]
     deleted = {name for name in g.delete if not obs.consumers.get(name)}
     plan.actions += [Delete(ChildKind.PROVISIONING_REQUEST, name) for name in sorted(deleted)]
     # A PodTemplate goes with the last request that names it: none is left for requests replaced or deleted.

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygate.core import keys, podgate
-from raygate.core.booking import ended, provisioned
+from raygate.core.booking import booking_done, ended, provisioned
 from raygate.core.objects import JSON, get, meta_str
 
 Key = tuple[str, str]  # (pod set, placement digest)
@@ -47,6 +47,7 @@ class Pod:
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # gated pods: the pod, to template it
     group: str | None = None  # the PodGroup it names (spec.schedulingGroup.podGroupName)
     unreadable: str | None = None  # gated pods raygate cannot read the requests of: why (never released or booked)
+    bound: bool = False  # scheduled to a node
 
 
 @dataclass
@@ -70,6 +71,7 @@ class GatePlan:
     delete: list[str] = field(default_factory=list)  # scale-up requests no longer needed
     waiting: dict[Key, int] = field(default_factory=dict)  # gated pods no Provisioned booking covers yet
     refused: list[str] = field(default_factory=list)  # why some waiting pods get no request (limits)
+    consumed: list[str] = field(default_factory=list)  # Provisioned requests every booked pod of which is bound
 
 
 def slots(requests: Sequence[JSON], templates: Sequence[JSON]) -> list[Slots]:
@@ -120,11 +122,14 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
     out = GatePlan()
     desired = desired or {}
     free = slots([*requests, *scale_ups], templates)
+    bound: dict[str, int] = defaultdict(int)  # request -> its released pods that run and are bound
     for p in pods:
         if not p.gated and p.runs and p.consumes is not None:
             s = next((s for s in free if s.request == p.consumes and s.pod_set == p.pod_set and s.free > 0), None)
             if s is not None:
                 s.used += 1
+                bound[s.request] += p.bound
+    out.consumed = _consumed(requests, scale_ups, free, bound)
     released: dict[Key, int] = defaultdict(int)
     for s in free:
         released[(s.pod_set, s.digest)] += s.used
@@ -183,6 +188,21 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
     return out
 
 
+def _consumed(requests: Sequence[JSON], scale_ups: Sequence[JSON], free: Sequence[Slots],
+              bound: Mapping[str, int]) -> list[str]:
+    """Provisioned requests whose every booked pod runs bound to a node: their booking has done its work. The
+    pinned cluster-autoscaler keeps placing a booking's pods in its simulation for 10 minutes after Provisioned
+    even once the real pods run, so the same room counts twice and other requests are answered "not now"
+    (kubernetes/autoscaler#9805); newer autoscalers mark such a booking BookingExpired (CapacityBookingConsumed,
+    #9806), and raygate does the same."""
+    total: dict[str, int] = defaultdict(int)
+    for s in free:
+        total[s.request] += s.count
+    return sorted(meta_str(r, "name") for r in [*requests, *scale_ups]
+                  if provisioned(r) and not booking_done(r) and total[meta_str(r, "name")]
+                  and bound.get(meta_str(r, "name"), 0) >= total[meta_str(r, "name")])
+
+
 def _wanted(desired: Mapping[Key, int], released: Mapping[Key, int], uncovered: Mapping[Key, list[Pod]],
             unreadable: Mapping[str, int]) -> dict[Key, int]:
     """Per (pod set, digest), the pods that need a booking: those there are, and those the spec has still to
@@ -228,7 +248,7 @@ def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | 
                consumes=consumes if isinstance(consumes, str) and consumes else None,
                digest=digest, obj=dict(pod) if is_gated else {},
                group=group if isinstance(group := get(pod, keys.POD_GROUP_NAME_PATH), str) and group else None,
-               unreadable=unreadable if is_gated else None)
+               unreadable=unreadable if is_gated else None, bound=bool(get(pod, ("spec", "nodeName"))))
 
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})

@@ -52,9 +52,9 @@ def pod_view(obj: JSON) -> JSON:
         "ownerReferences": meta.get("ownerReferences") or [],
         **({"annotations": kept} if kept else {})},
         "status": {"phase": get(obj, ("status", "phase"))}}
+    view["spec"] = {"nodeName": get(obj, ("spec", "nodeName"))}  # bound yet (a booking all bound has done its work)
     if (group := get(obj, ("spec", "schedulingGroup"))) is not None:
-        # The gang group it joined (native mode), and whether it is bound yet.
-        view["spec"] = {"schedulingGroup": group, "nodeName": get(obj, ("spec", "nodeName"))}
+        view["spec"]["schedulingGroup"] = group  # the gang group it joined (native mode)
     if podgate.gated(obj):
         view["spec"] = obj.get("spec")
         view["metadata"]["labels"] = {**labels}
@@ -85,6 +85,7 @@ class Seen:
     runs: bool
     consumes: str | None
     bound_in: tuple[str, str] | None = None  # bound and running: (its gang group, its Ray cluster)
+    bound: bool = False  # scheduled to a node
 
 
 def bound_in(pod: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -156,7 +157,7 @@ class PodIndex:
             seen = self._seen.get(key)
             if seen is None:
                 return
-            self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in)
+            self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in, seen.bound)
             self._of.setdefault(owner, set()).add(key)
 
     def reresolve(self, kind: str, namespace: str, name: str) -> list[PodKey]:
@@ -181,7 +182,7 @@ class PodIndex:
                         self._of.get(before, set()).discard(key)
                     if owner is not None:
                         self._of.setdefault(owner, set()).add(key)
-                    self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in)
+                    self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in, seen.bound)
             for changed in {before, owner} - {None} if before != owner else set():
                 self._on_change(changed)  # type: ignore[arg-type]
             if owner is None and seen.gated:
@@ -195,7 +196,7 @@ class PodIndex:
         consumes = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
         owner = None if gone else self.owner(obj)
         now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
-                   None if gone else bound_in(obj))
+                   None if gone else bound_in(obj), bool(get(obj, ("spec", "nodeName"))))
         recorded = recorded_owner(obj)
         by_record = (recorded.kind, key[0], recorded.name) if recorded is not None else None
         with self._lock:

@@ -7,11 +7,14 @@ the request is built is the reconciler's, reconciler/children.py.)
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raygate.core import dra, keys
 from raygate.core.conditions import conditions
+from raygate.core.objects import get
+from raygate.core.patch import PatchOp
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, PodSet
 
@@ -41,6 +44,11 @@ def provisioned(request: Mapping[str, Any]) -> bool:
 def ended(request: Mapping[str, Any]) -> bool:
     """It will never provision as it is: it failed, or its booking expired or was revoked."""
     return _any_true(request, ENDED)
+
+
+def booking_done(request: Mapping[str, Any]) -> bool:
+    """Its booking ended: expired, or marked consumed (by raygate, or a newer autoscaler)."""
+    return _any_true(request, (BOOKING_EXPIRED,))
 
 
 def settled(request: Mapping[str, Any]) -> bool:
@@ -81,3 +89,19 @@ def refusals(policy: NamespacePolicy, gang: Gang) -> list[str]:
     out = claimed_devices(gang, policy)
     problem = too_many_pod_sets(gang.managed_pod_sets(policy.manages), policy)
     return [*out, problem] if problem else out
+
+
+CONSUMED_REASON = "CapacityBookingConsumed"
+
+
+def consumed_ops(request: Mapping[str, Any], now: dt.datetime) -> list[PatchOp]:
+    """The status patch that ends a request's booking once every pod it booked runs bound to a node: condition
+    BookingExpired with the reason newer cluster-autoscalers write for it (kubernetes/autoscaler#9806). It tests
+    the conditions as read, so a concurrent write by the autoscaler makes it fail rather than be overwritten."""
+    found = get(request, ("status", "conditions"))
+    current = found if isinstance(found, list) else []
+    condition = {"type": BOOKING_EXPIRED, "status": "True", "reason": CONSUMED_REASON,
+                 "message": "every pod this request booked runs bound to a node (raygate)",
+                 "lastTransitionTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    return [{"op": "test", "path": "/status/conditions", "value": current},
+            {"op": "add", "path": "/status/conditions/-", "value": condition}]

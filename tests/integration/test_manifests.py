@@ -450,6 +450,7 @@ ALLOWED: list[Case] = [
     # Bookings live as long as their pods; DRA claims are counted from their templates.
     *_cases((RC,), "list watch", ("pods", "resourceclaimtemplates.resource.k8s.io"), ALL),
     *_cases((RC,), "get patch", ("pods",), ML),
+    *_cases((RC,), "patch", ("provisioningrequests.autoscaling.x-k8s.io/status",), ML),  # a booking consumed
     *_cases((RC,), "get", ("jobs.batch",), ML),  # a pod of a Job from before raygate stamped Jobs
 ]
 
@@ -487,6 +488,7 @@ DENIED: list[Case] = [
     *_cases((RC,), "update patch", ("provisioningrequests.autoscaling.x-k8s.io", "podgroups.scheduling.volcano.sh",
                                     GANG_WORKLOADS), ML),
     *_cases((RC,), "update", (GANG_PODGROUPS,), ML),
+    *_cases((RC,), "update", ("provisioningrequests.autoscaling.x-k8s.io/status",), ML),
     *_cases((RC,), "create update", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "update delete", (f"{LEASES}/another-lease",), SYS),
     *_cases((RC,), "create", (LEASES,), ML),

@@ -144,3 +144,13 @@ def plan_with(pods: list[Pod], scale_ups: list[dict[str, Any]], most_pending: in
     return gating.plan(pods, [request("gang", 1, *PROVISIONED)], scale_ups,
                        [*TEMPLATES, template("t-other", digest="d-other")], room=100, most_per_request=100,
                        most_pending=most_pending)
+
+
+def test_a_booking_every_pod_of_which_runs_bound_has_done_its_work() -> None:
+    bound = [Pod(n, "2030-01-01T00:00:00Z", "gpu", gated=False, runs=True, consumes="gang", bound=True)
+             for n in ("a", "b")]
+    assert plan(bound, [request("gang", 2, *PROVISIONED)]).consumed == ["gang"]
+    one_pending = [bound[0], Pod("b", "2030-01-01T00:00:00Z", "gpu", gated=False, runs=True, consumes="gang")]
+    assert plan(one_pending, [request("gang", 2, *PROVISIONED)]).consumed == []  # b still needs its booking
+    done = request("gang", 2, *PROVISIONED, ("BookingExpired", "True"))
+    assert plan(bound, [done]).consumed == []  # marked once
