@@ -37,7 +37,22 @@ from raygate.kube.client import JSON_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.reconciler import children, decision, metrics
-from raygate.reconciler.decision import Outcome, Step
+from raygate.reconciler.held import prerequisite_to_check
+from raygate.reconciler.plan import (
+    Action,
+    Create,
+    Delete,
+    Emit,
+    Observed,
+    Outcome,
+    PatchChild,
+    PatchJob,
+    Plan,
+    ReleasePod,
+    Step,
+    delete_all,
+    fail,
+)
 from raygate.reconciler.pods import JOBS, PodIndex
 from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
@@ -93,12 +108,12 @@ class EventSender:
         self.kube = kube
         self._busy = busy
         self._max_defer = max_defer
-        self._queue: queue.Queue[tuple[float, JSON, decision.Emit] | None] = queue.Queue(capacity)
+        self._queue: queue.Queue[tuple[float, JSON, Emit] | None] = queue.Queue(capacity)
         self._threads = [threading.Thread(target=self._run, name=f"events-{i}", daemon=True) for i in range(threads)]
         for t in self._threads:
             t.start()
 
-    def send(self, job: JSON, emit: decision.Emit) -> None:
+    def send(self, job: JSON, emit: Emit) -> None:
         try:
             self._queue.put_nowait((time.monotonic(), event_subject(job), emit))
         except queue.Full:
@@ -392,7 +407,7 @@ class Controller:
         ray = identity.RayOwner.parse(record) if record is not None else identity.ray_ref(
             controller_ref(job) if job is not None else controller_ref(pod))
         if ray is None:
-            self._release(namespace, decision.ReleasePod(name, tuple(podgate.release_ops(pod, None, None))))
+            self._release(namespace, ReleasePod(name, tuple(podgate.release_ops(pod, None, None))))
             log.info("pod of no Ray object released", extra={"namespace": namespace, "object": name})
             return
         self._say_why_gated(with_kind(dict(pod), "Pod", "v1"), ray)
@@ -413,7 +428,7 @@ class Controller:
                    "booked for its GPU pods: this pod stays gated. Delete and re-create it to have its gang booked")
         else:
             return
-        self.events.send(pod, decision.Emit("RayObjectCannotBook", why, warning=True,
+        self.events.send(pod, Emit("RayObjectCannotBook", why, warning=True,
                                             name=f"{meta_str(pod, 'name')}.{short_hash(ray.render())}"))
 
     def _get_ray(self, ray: identity.RayOwner, namespace: str) -> JSON | None:
@@ -429,7 +444,7 @@ class Controller:
         w = Workload(obj, self._claim_template)
         rules = for_object(self.config.config.policy_for(w.namespace), w.annotations)
         obs = self._observed(w.namespace, kids, key, rules.policy)
-        prerequisite = decision.prerequisite_to_check(w, rules, obs)
+        prerequisite = prerequisite_to_check(w, rules, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
         now = self.clock()
@@ -438,7 +453,7 @@ class Controller:
             self._apply(key, w, obs, plan, now)
         except RefusedChild as err:
             # The API server will never take this child as the job is written: a reason, not a retry loop.
-            self._apply(key, w, obs, decision.fail(w, obs, rules, str(err)), now)
+            self._apply(key, w, obs, fail(w, obs, rules, str(err)), now)
             return
         except ApiError as err:
             if not (retry_conflict and _is_conflict(err)):
@@ -460,7 +475,7 @@ class Controller:
                 return None
             raise
 
-    def _apply(self, key: JobKey, w: Workload, obs: decision.Observed, plan: decision.Plan, now: dt.datetime) -> None:
+    def _apply(self, key: JobKey, w: Workload, obs: Observed, plan: Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
         releases: list[Future[None]] = []  # a gang's pods are released side by side
@@ -472,16 +487,16 @@ class Controller:
                 self._create(action[0])
                 for created in others:
                     created.result()
-            elif isinstance(action, decision.Create):
+            elif isinstance(action, Create):
                 if not self._create(action):
                     continue
                 if action.kind == ChildKind.PROVISIONING_REQUEST:
                     metrics.REQUESTS_CREATED.inc()
                     if plan.outcome is Outcome.RETRIED:
                         metrics.REQUESTS_RETRIED.inc()
-            elif isinstance(action, decision.Delete):
+            elif isinstance(action, Delete):
                 self._delete(key[1], action)
-            elif isinstance(action, decision.PatchJob):
+            elif isinstance(action, PatchJob):
                 if not action.changes:
                     continue
                 old_rv = meta_str(job, "resourceVersion")
@@ -493,11 +508,11 @@ class Controller:
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
-            elif isinstance(action, decision.PatchChild):
+            elif isinstance(action, PatchChild):
                 self._patch_child(key[1], action)
-            elif isinstance(action, decision.ReleasePod):
+            elif isinstance(action, ReleasePod):
                 releases.append(self._side.submit(self._release, key[1], action))
-            elif isinstance(action, decision.Emit):
+            elif isinstance(action, Emit):
                 self.events.send(job, action)
         for released in releases:
             released.result()
@@ -510,7 +525,7 @@ class Controller:
             if created is not None:
                 metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
 
-    def _create(self, action: decision.Create) -> bool:
+    def _create(self, action: Create) -> bool:
         """Create a child; AlreadyExists is success (a replay after a crash). True when newly created."""
         meta = action.obj["metadata"]
         ck: ChildKey = (action.kind, meta["namespace"], meta["name"])
@@ -530,7 +545,7 @@ class Controller:
             self._created[ck] = child_view(created)
         return True
 
-    def _patch_child(self, namespace: str, action: decision.PatchChild) -> None:
+    def _patch_child(self, namespace: str, action: PatchChild) -> None:
         """Record something on a child (gone already: nothing to record)."""
         res = self.child_resources.get(action.kind)
         if res is None:
@@ -545,7 +560,7 @@ class Controller:
         with self._lock:
             self._created[(action.kind, namespace, action.name)] = child_view(patched)
 
-    def _delete(self, namespace: str, action: decision.Delete) -> None:
+    def _delete(self, namespace: str, action: Delete) -> None:
         res = self.child_resources.get(action.kind)
         if res is None:
             return
@@ -557,10 +572,10 @@ class Controller:
                 self._gone.add(ck)
 
     def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: JobKey | None = None,
-                  policy: NamespacePolicy | None = None) -> decision.Observed:
+                  policy: NamespacePolicy | None = None) -> Observed:
         every = kids.get(ChildKind.PROVISIONING_REQUEST, [])
         consumers = {name: n for r in every if (n := self.pods.consumers(namespace, name := meta_str(r, "name")))}
-        return decision.Observed(
+        return Observed(
             cluster=self._kuberay_cluster(key) if key else None,
             requests=tuple(r for r in every if not get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
             scale_ups=tuple(r for r in every if get(r, ("metadata", "annotations", keys.SCALE_UP_ANNOTATION))),
@@ -574,7 +589,7 @@ class Controller:
                    for kind in self.group_kinds for g in kids.get(kind, ())},
         )
 
-    def _release(self, namespace: str, action: decision.ReleasePod) -> None:
+    def _release(self, namespace: str, action: ReleasePod) -> None:
         """Lift a pod's gate. The patch tests the gate it removes: one already lifted (by another replica, or
         before a crash) answers 422, and nothing is released twice."""
         try:
@@ -594,19 +609,19 @@ class Controller:
             for obj in objs:
                 by_namespace.setdefault(meta_str(obj, "namespace"), {}).setdefault(kind, []).append(obj)
         for namespace, found in by_namespace.items():
-            actions = decision.delete_all(self._observed(namespace, found))
-            actions += [decision.Delete(kind, meta_str(g, "name")) for kind in self.group_kinds
+            actions = delete_all(self._observed(namespace, found))
+            actions += [Delete(kind, meta_str(g, "name")) for kind in self.group_kinds
                         for g in found.get(kind, ())]
             for action in actions:
-                if isinstance(action, decision.Delete):
+                if isinstance(action, Delete):
                     self._delete(namespace, action)
 
 
-def _with_templates_grouped(actions: Iterable[decision.Action]) -> Iterator[decision.Action | list[decision.Create]]:
+def _with_templates_grouped(actions: Iterable[Action]) -> Iterator[Action | list[Create]]:
     """The actions in order, except that two or more adjacent PodTemplate creates come as one list."""
-    run: list[decision.Create] = []
+    run: list[Create] = []
     for action in actions:
-        if isinstance(action, decision.Create) and action.kind == ChildKind.POD_TEMPLATE:
+        if isinstance(action, Create) and action.kind == ChildKind.POD_TEMPLATE:
             run.append(action)
             continue
         yield from _flush(run)
@@ -615,7 +630,7 @@ def _with_templates_grouped(actions: Iterable[decision.Action]) -> Iterator[deci
     yield from _flush(run)
 
 
-def _flush(run: list[decision.Create]) -> Iterator[decision.Action | list[decision.Create]]:
+def _flush(run: list[Create]) -> Iterator[Action | list[Create]]:
     if len(run) > 1:
         yield run
     else:

@@ -13,8 +13,9 @@ from raygate.core import keys
 from raygate.core.modes import for_object
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
-from raygate.reconciler import decision
-from raygate.reconciler.decision import Create, Delete, Emit, Needs, Observed, PatchChild, PatchJob, Plan, ReleasePod
+from raygate.reconciler import decision, held
+from raygate.reconciler.held import Needs
+from raygate.reconciler.plan import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, ReleasePod
 
 
 def kinds(plan: Plan) -> list[str]:
@@ -54,4 +55,4 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
 
 
 def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
-    return decision.needs_of(w, for_object(policy, w.annotations))
+    return held.needs_of(w, for_object(policy, w.annotations))

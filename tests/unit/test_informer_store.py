@@ -12,8 +12,8 @@ import pytest
 from raygate.core.api import RAYJOBS
 from raygate.core.booking import settled
 from raygate.kube.informer import Informer
-from raygate.reconciler import decision
 from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, slim
+from raygate.reconciler.plan import Create, Delete
 
 
 def job(name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:
@@ -94,11 +94,11 @@ def test_a_queued_event_keeps_only_what_it_refers_to() -> None:
 
 
 def test_a_jobs_podtemplates_are_grouped_to_be_created_side_by_side() -> None:
-    def tpl(name: str) -> decision.Create:
-        return decision.Create("PodTemplate", {"metadata": {"name": name}})
+    def tpl(name: str) -> Create:
+        return Create("PodTemplate", {"metadata": {"name": name}})
 
-    pr = decision.Create("ProvisioningRequest", {"metadata": {"name": "pr"}})
-    old = decision.Delete("PodTemplate", "old")
+    pr = Create("ProvisioningRequest", {"metadata": {"name": "pr"}})
+    old = Delete("PodTemplate", "old")
     a, b = tpl("a"), tpl("b")
     # Two or more in a row go together; the request that names them comes after, on its own.
     assert list(_with_templates_grouped([a, b, old, pr])) == [[a, b], old, pr]

@@ -24,7 +24,7 @@ from raygate.core.policy import KUBERAY_OPERATOR_USER, ConfigError, NamespacePol
 from raygate.core.workload import Workload
 from raygate.kube import discovery
 from raygate.reconciler import gating
-from raygate.reconciler.decision import Create, Observed
+from raygate.reconciler.plan import Create, Observed
 from raygate.webhook import decision as webhook
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)

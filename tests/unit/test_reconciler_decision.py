@@ -19,8 +19,9 @@ from raygate.core.modes import GroupSpec, for_object, volcano
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import Workload
-from raygate.reconciler import children, decision, gating
-from raygate.reconciler.decision import Create, Emit, Observed, PatchJob, Plan
+from raygate.reconciler import children, gating
+from raygate.reconciler.held import prerequisite_to_check
+from raygate.reconciler.plan import Create, Delete, Emit, Observed, PatchJob, Plan, ReleasePod, delete_all
 
 NOW = dt.datetime(2030, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 GPU = {"nvidia.com/gpu": "1"}
@@ -346,7 +347,7 @@ def queue(is_open: bool | None) -> dict[str, Any] | None:
 @pytest.mark.parametrize(("queue_open", "words"), [(False, "is Closed"), (None, "does not exist")])
 def test_volcano_job_is_held_while_its_queue_is_not_open(queue_open: bool | None, words: str) -> None:
     w, obs, pol = volcano_job(queue_open)
-    needed = decision.prerequisite_to_check(w, for_object(pol, w.annotations), Observed())
+    needed = prerequisite_to_check(w, for_object(pol, w.annotations), Observed())
     assert needed is not None and (needed.resource.plural, needed.name) == ("queues", "team-a")
     plan = decide(w, obs, pol, NOW)
     assert kinds(plan) == ["patch hold", "event QueueNotOpen"]
@@ -635,7 +636,7 @@ def test_a_job_gone_leaves_only_the_bookings_its_pods_still_use() -> None:
     w = job("Admitted", suspend=False)
     other = request(w, 2)
     obs = Observed(requests=(request(w, 1), other), templates=templates(w), consumers={rname(w, 1): 3})
-    assert kinds(Plan(decision.delete_all(obs))) == [f"delete ProvisioningRequest {rname(w, 2)}"]
+    assert kinds(Plan(delete_all(obs))) == [f"delete ProvisioningRequest {rname(w, 2)}"]
 
 
 def test_a_held_job_over_a_limit_is_failed_before_anything_is_asked_of_the_autoscaler() -> None:
@@ -673,7 +674,7 @@ def test_an_admitted_jobs_gated_pods_are_released_into_its_booking() -> None:
     w, _ = admitted_with()
     w, obs = admitted_with(gated_pod(w, "p1"), gated_pod(w, "p2"))
     plan = decide(w, obs, policy(), NOW)
-    releases = [a for a in plan.actions if isinstance(a, decision.ReleasePod)]
+    releases = [a for a in plan.actions if isinstance(a, ReleasePod)]
     assert [r.name for r in releases] == ["p1", "p2"]
     after = jsonpatch.apply_patch(gated_pod(w, "p1"), list(releases[0].ops))
     assert not podgate.gated(after) and after["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == rname(w, 1)
@@ -684,7 +685,7 @@ def test_a_scale_up_is_booked_from_the_pods_and_its_wait_is_said_on_the_object()
     pods = [gated_pod(w, f"p{i}") for i in range(1, 5)]  # the gang booked 2; 2 more are a scale-up
     w, obs = admitted_with(*pods)
     plan = decide(w, obs, policy(), NOW)
-    assert [a.name for a in plan.actions if isinstance(a, decision.ReleasePod)] == ["p1", "p2"]
+    assert [a.name for a in plan.actions if isinstance(a, ReleasePod)] == ["p1", "p2"]
     creates = [a for a in plan.actions if isinstance(a, Create)]
     assert [c.kind for c in creates] == ["PodTemplate", "ProvisioningRequest"]
     template, pr = creates[0].obj, creates[1].obj
@@ -707,6 +708,6 @@ def test_a_scale_up_request_no_pod_needs_goes_with_its_pod_template() -> None:
     w, obs = admitted_with(*pods[:2])  # p3 went before its scale-up was Provisioned
     obs = replace(obs, scale_ups=(up,), templates=(*obs.templates, template))
     plan = decide(w, obs, policy(), NOW)
-    deleted = [(a.kind, a.name) for a in plan.actions if isinstance(a, decision.Delete)]
+    deleted = [(a.kind, a.name) for a in plan.actions if isinstance(a, Delete)]
     assert deleted == [(ChildKind.PROVISIONING_REQUEST, up["metadata"]["name"]),
                        (ChildKind.POD_TEMPLATE, template["metadata"]["name"])]
