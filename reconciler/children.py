@@ -16,7 +16,7 @@ from raygate.core import identity, keys, podgate
 from raygate.core import quantity as q
 from raygate.core.keys import ChildKind
 from raygate.core.names import MAX_NAME, digest, dns, short_hash
-from raygate.core.objects import JSON, controller_ref, get, meta_str
+from raygate.core.objects import JSON, Key, controller_ref, get, meta_str
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Manages, PodSet, Workload, child_metadata
 
@@ -73,10 +73,10 @@ def owner_of(obj: Mapping[str, Any]) -> identity.RayOwner | None:
     return ref if ref is not None else identity.RayOwner.parse(identity.recorded(obj))
 
 
-def controller_key(obj: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(kind, namespace, name) of the RayJob or RayCluster a child was made for."""
+def controller_key(obj: Mapping[str, Any]) -> Key | None:
+    """The RayJob or RayCluster a child was made for."""
     owner = owner_of(obj)
-    return (owner.kind, meta_str(obj, "namespace"), owner.name) if owner is not None else None
+    return Key(owner.kind, meta_str(obj, "namespace"), owner.name) if owner is not None else None
 
 
 # --- PodTemplates and the ProvisioningRequest --------------------------------------------------

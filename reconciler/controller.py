@@ -28,7 +28,7 @@ from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules, for_object
 from raygate.core.names import short_hash
-from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata, string_map, with_kind
+from raygate.core.objects import JSON, Key, PodKey, controller_ref, get, meta_str, metadata, string_map, with_kind
 from raygate.core.policy import NamespacePolicy
 from raygate.core.times import parse_time
 from raygate.core.workload import Workload
@@ -58,8 +58,7 @@ from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
-JobKey = tuple[str, str, str]  # (kind, namespace, name); kind POD: a pod to place (reconciler/pods.py)
-POD = "Pod"
+POD = "Pod"  # the work queue's kind of key for a gated pod to place (reconciler/pods.py)
 ChildKey = tuple[ChildKind, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
@@ -143,7 +142,7 @@ class Controller:
         self.config = config
         self.options = options or Options()
         self.clock = clock
-        self.queue: WorkQueue[JobKey] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0),
+        self.queue: WorkQueue[Key] = WorkQueue(Backoff(base_seconds=0.1, max_seconds=60.0),
                                                   on_wait=metrics.QUEUE_WAIT_SECONDS.observe)
         self.served = served if served is not None else discovery.served(kube)
         self.provreq_version = discovery.served_provreq_version(kube)
@@ -163,15 +162,15 @@ class Controller:
         # Pods: which bookings they consume (a request goes only when its pods have), and the gated ones to
         # release against bookings (reconciler/pods.py).
         self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of=self._owner_of,
-                             on_change=self.queue.add, on_unowned=lambda pod: self.queue.add((POD, *pod)),
+                             on_change=self.queue.add, on_unowned=lambda pod: self.queue.add(Key(POD, *pod)),
                              on_consumers=self._consumers_changed)
         # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).
         self.claim_templates = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=rs, transform=dra.template_view,
                                          page_size=LIST_PAGE)
                                 if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
         self._lock = threading.Lock()
-        self._owned: dict[JobKey, set[ChildKey]] = {}  # children by the job that controls them
-        self._fresh: dict[JobKey, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
+        self._owned: dict[Key, set[ChildKey]] = {}  # children by the job that controls them
+        self._fresh: dict[Key, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
         self._cluster_of: dict[tuple[str, str], str] = {}  # (namespace, RayJob) -> KubeRay's RayCluster for it
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
@@ -201,7 +200,7 @@ class Controller:
         """Called once leading: every job is queued, so the new leader picks up every flow."""
         for kind, inf in self.jobs.items():
             for namespace, name in inf.cached_keys():
-                self.queue.add((kind, namespace, name))
+                self.queue.add(Key(kind, namespace, name))
         self._workers = run_workers(self.queue, self._handle, self.options.workers, name="reconcile")
 
     def stop(self, grace: float = 5.0) -> None:
@@ -245,7 +244,7 @@ class Controller:
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
             namespace, name = meta_str(obj, "namespace"), meta_str(obj, "name")
-            self.queue.add((kind, namespace, name))
+            self.queue.add(Key(kind, namespace, name))
             parent = self._parent(obj) if kind == keys.RAYCLUSTER_KIND else None
             if parent is not None:
                 # A scale-up of a RayJob's cluster is the RayJob's to book: it reads the cluster's spec.
@@ -254,7 +253,7 @@ class Controller:
                         self._cluster_of.pop((namespace, parent[0]), None)
                     else:
                         self._cluster_of[(namespace, parent[0])] = name
-                self.queue.add((keys.RAYJOB_KIND, namespace, parent[0]))
+                self.queue.add(Key(keys.RAYJOB_KIND, namespace, parent[0]))
             # Whose booking its pods use may change with it (it came, went, or is a RayJob's cluster now).
             recorded = [(kind, name)]
             if kind == keys.RAYJOB_KIND:
@@ -263,17 +262,17 @@ class Controller:
                 recorded += [(keys.RAYCLUSTER_KIND, cluster)] if cluster else []
             for k, n in recorded:
                 for pod in self.pods.reresolve(k, namespace, n):
-                    self.queue.add((POD, *pod))
+                    self.queue.add(Key(POD, *pod))
 
         return handle
 
-    def _kuberay_cluster(self, key: JobKey) -> JSON | None:
+    def _kuberay_cluster(self, key: Key) -> JSON | None:
         """KubeRay's RayCluster for the RayJob `key`, once it is the job's own (see kuberay_child)."""
-        if key[0] != keys.RAYJOB_KIND:
+        if key.kind != keys.RAYJOB_KIND:
             return None
         with self._lock:
-            name = self._cluster_of.get((key[1], key[2]))
-        cluster = self.jobs[keys.RAYCLUSTER_KIND].get(key[1], name) if name else None
+            name = self._cluster_of.get((key.namespace, key.name))
+        cluster = self.jobs[keys.RAYCLUSTER_KIND].get(key.namespace, name) if name else None
         return cluster if cluster is not None and self.kuberay_child(cluster) else None
 
     def _child_event(self, kind: ChildKind) -> Callable[[str, JSON], None]:
@@ -301,7 +300,7 @@ class Controller:
         if owner is not None:
             self.queue.add(owner)
 
-    def _owner_of(self, kind: str, namespace: str, name: str, uid: str) -> JobKey | None:
+    def _owner_of(self, kind: str, namespace: str, name: str, uid: str) -> Key | None:
         """Whose booking the pods of a Ray object use: the RayJob's for KubeRay's cluster of a RayJob, the
         object's own for one raygate holds; none for one that is gone (another uid) or that raygate does not hold."""
         if kind not in self.jobs:
@@ -311,12 +310,12 @@ class Controller:
             return None
         parent = self._parent(found) if kind == keys.RAYCLUSTER_KIND else None
         if parent is not None and self.kuberay_child(found):
-            return keys.RAYJOB_KIND, namespace, parent[0]
+            return Key(keys.RAYJOB_KIND, namespace, parent[0])
         if kind == keys.RAYCLUSTER_KIND and identity.recorded_parent(found) is not None:
             return None  # KubeRay's cluster of a RayJob that is gone: no booking can cover its pods any more
-        return kind, namespace, name
+        return Key(kind, namespace, name)
 
-    def _request_owner(self, namespace: str, request: str) -> JobKey | None:
+    def _request_owner(self, namespace: str, request: str) -> Key | None:
         informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
         found = informer.get(namespace, request) if informer is not None else None
         return children.controller_key(found) if found is not None else None
@@ -325,7 +324,7 @@ class Controller:
         return self.claim_templates.get(namespace, name) if self.claim_templates is not None else None
 
     # --- the view -------------------------------------------------------------------------------------
-    def _job(self, key: JobKey) -> JSON | None:
+    def _job(self, key: Key) -> JSON | None:
         kind, ns, name = key
         obj = self.jobs[kind].get(ns, name)
         with self._lock:
@@ -335,7 +334,7 @@ class Controller:
                 obj = orjson.loads(fresh[1])  # the cache still holds the version our own patch replaced
         return _typed(obj, kind) if obj is not None else None
 
-    def _children_of(self, key: JobKey) -> dict[ChildKind, list[JSON]]:
+    def _children_of(self, key: Key) -> dict[ChildKind, list[JSON]]:
         out: dict[ChildKind, list[JSON]] = {k: [] for k in self.child_resources}
         with self._lock:
             owned = set(self._owned.get(key, set())) - self._gone
@@ -350,32 +349,32 @@ class Controller:
         return out
 
     # --- reconcile ----------------------------------------------------------------------------------
-    def _handle(self, key: JobKey) -> None:
+    def _handle(self, key: Key) -> None:
         try:
             self.reconcile(key)
         except ApiError as err:
             delay = self.queue.add_rate_limited(key)
             metrics.RECONCILE_ERRORS.labels(err.reason or str(err.status)).inc()
-            log.warning("reconcile failed, retrying", extra={"kind": key[0], "namespace": key[1], "object": key[2],
-                                                              "error": str(err), "retry_in": round(delay, 2)})
+            log.warning("reconcile failed, retrying", extra={**_fields(key), "error": str(err),
+                                                              "retry_in": round(delay, 2)})
         except Exception as err:
             delay = self.queue.add_rate_limited(key)
             metrics.RECONCILE_ERRORS.labels("Internal").inc()
-            log.exception("reconcile error", extra={"kind": key[0], "namespace": key[1], "object": key[2],
+            log.exception("reconcile error", extra={**_fields(key),
                                                     "error": str(err), "retry_in": round(delay, 2)})
         else:
             self.queue.forget(key)
 
-    def reconcile(self, key: JobKey) -> None:
-        if key[0] == POD:
-            self._reconcile_pod(key[1], key[2])
+    def reconcile(self, key: Key) -> None:
+        if key.kind == POD:
+            self._reconcile_pod(key.namespace, key.name)
             return
         obj = self._job(key)
         kids = self._children_of(key)
         if obj is None:
             self._delete_orphans(kids)  # the job is gone: free its booking now rather than at GC
             return
-        if key[0] == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj) or identity.recorded_parent(obj)):
+        if key.kind == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj) or identity.recorded_parent(obj)):
             return  # KubeRay's cluster of a RayJob carries its labels; the RayJob is what we hold (or held)
         uid = meta_str(obj, "uid")
         mine = {k: [c for c in v if _made_for(c) == uid] for k, v in kids.items()}
@@ -388,7 +387,7 @@ class Controller:
         to hold). Recorded as a Ray object's: placed once that object is in the caches; while it is gone, or is not
         one raygate holds, the pod stays gated and says why. A pod without a record (made before raygate recorded
         them) is read from its owners, through its batch Job, as it always was."""
-        pod = self.pods.get((namespace, name))
+        pod = self.pods.get(PodKey(namespace, name))
         if pod is None or not podgate.gated(pod):
             return
         job = None
@@ -400,7 +399,7 @@ class Controller:
                     raise
         owner = self.pods.owner(pod, job)
         if owner is not None:
-            self.pods.assign((namespace, name), owner)
+            self.pods.assign(PodKey(namespace, name), owner)
             self.queue.add(owner)
             return
         record = identity.recorded(pod)
@@ -439,7 +438,7 @@ class Controller:
                 return None
             raise
 
-    def _reconcile_job(self, key: JobKey, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
+    def _reconcile_job(self, key: Key, obj: JSON, kids: dict[ChildKind, list[JSON]], *,
                        retry_conflict: bool) -> None:
         w = Workload(obj, self._claim_template)
         rules = for_object(self.config.config.policy_for(w.namespace), w.annotations)
@@ -459,7 +458,7 @@ class Controller:
             if not (retry_conflict and _is_conflict(err)):
                 raise
             # Our view was stale: decide again on the job as the API server has it now.
-            fresh = _typed(self.kube.get(JOB_KINDS[key[0]], key[2], key[1]), key[0])
+            fresh = _typed(self.kube.get(JOB_KINDS[key.kind], key.name, key.namespace), key.kind)
             self._reconcile_job(key, fresh, kids, retry_conflict=False)
             return
         if plan.requeue_after is not None:
@@ -475,7 +474,7 @@ class Controller:
                 return None
             raise
 
-    def _apply(self, key: JobKey, w: Workload, obs: Observed, plan: Plan, now: dt.datetime) -> None:
+    def _apply(self, key: Key, w: Workload, obs: Observed, plan: Plan, now: dt.datetime) -> None:
         job = dict(w.obj)
         ref = logs.ref(job)
         releases: list[Future[None]] = []  # a gang's pods are released side by side
@@ -495,13 +494,13 @@ class Controller:
                     if plan.outcome is Outcome.RETRIED:
                         metrics.REQUESTS_RETRIED.inc()
             elif isinstance(action, Delete):
-                self._delete(key[1], action)
+                self._delete(key.namespace, action)
             elif isinstance(action, PatchJob):
                 if not action.changes:
                     continue
                 old_rv = meta_str(job, "resourceVersion")
-                job = _typed(slim(self.kube.patch(JOB_KINDS[key[0]], key[2], list(action.ops), key[1],
-                                                  content_type=JSON_PATCH)), key[0])
+                job = _typed(slim(self.kube.patch(JOB_KINDS[key.kind], key.name, list(action.ops), key.namespace,
+                                                  content_type=JSON_PATCH)), key.kind)
                 with self._lock:
                     self._fresh[key] = (old_rv, orjson.dumps(job))
                 self._count_step(action.step, w, now)
@@ -509,9 +508,9 @@ class Controller:
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
                     job, ("metadata", "annotations", keys.REASON_ANNOTATION))})
             elif isinstance(action, PatchChild):
-                self._patch_child(key[1], action)
+                self._patch_child(key.namespace, action)
             elif isinstance(action, ReleasePod):
-                releases.append(self._side.submit(self._release, key[1], action))
+                releases.append(self._side.submit(self._release, key.namespace, action))
             elif isinstance(action, Emit):
                 self.events.send(job, action)
         for released in releases:
@@ -571,7 +570,7 @@ class Controller:
             if self.children[action.kind].get(namespace, action.name) is not None:
                 self._gone.add(ck)
 
-    def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: JobKey | None = None,
+    def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: Key | None = None,
                   policy: NamespacePolicy | None = None) -> Observed:
         every = kids.get(ChildKind.PROVISIONING_REQUEST, [])
         consumers = {name: n for r in every if (n := self.pods.consumers(namespace, name := meta_str(r, "name")))}
@@ -598,7 +597,7 @@ class Controller:
             if err.status in (404, 409, 422):
                 return
             raise
-        self.pods.released((namespace, action.name), pod)
+        self.pods.released(PodKey(namespace, action.name), pod)
         metrics.PODS_RELEASED.inc()
 
     def _delete_orphans(self, kids: dict[ChildKind, list[JSON]]) -> None:
@@ -635,6 +634,10 @@ def _flush(run: list[Create]) -> Iterator[Action | list[Create]]:
         yield run
     else:
         yield from run
+
+
+def _fields(key: Key) -> dict[str, str]:
+    return {"kind": key.kind, "namespace": key.namespace, "object": key.name}
 
 
 def _made_for(child: JSON) -> str | None:

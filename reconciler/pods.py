@@ -25,15 +25,13 @@ from typing import Any
 
 from raygate.core import identity, keys, podgate
 from raygate.core.api import PODS, Resource
-from raygate.core.objects import JSON, controller_ref, get, meta_str, metadata
+from raygate.core.objects import JSON, Key, PodKey, controller_ref, get, meta_str, metadata
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import ManifestError
 from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 from raygate.reconciler import gating
 
-JobKey = tuple[str, str, str]  # (kind, namespace, name) of a RayJob or RayCluster
-PodKey = tuple[str, str]  # (namespace, name)
 JOBS = Resource("batch", "v1", "jobs", "Job")
 SELECTORS = (keys.POD_GATE_LABEL, f"{keys.RAY_NODE_TYPE_LABEL},!{keys.POD_GATE_LABEL}")
 
@@ -80,7 +78,7 @@ def pod_set(pod: Mapping[str, Any]) -> str:
 class Seen:
     """What the index last knew of a pod: whose it is, and the state its owner's decision depends on."""
 
-    owner: JobKey | None
+    owner: Key | None
     gated: bool
     runs: bool
     consumes: str | None
@@ -98,8 +96,8 @@ def bound_in(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 class PodIndex:
     def __init__(self, kube: Kube, resync_seconds: float, page_size: int,
-                 owner_of: Callable[[str, str, str, str], JobKey | None],
-                 on_change: Callable[[JobKey], None], on_unowned: Callable[[PodKey], None],
+                 owner_of: Callable[[str, str, str, str], Key | None],
+                 on_change: Callable[[Key], None], on_unowned: Callable[[PodKey], None],
                  on_consumers: Callable[[str, str], None]) -> None:
         """`owner_of(kind, namespace, name, uid)`: the Ray object whose booking the pods of a RayJob or
         RayCluster use (None: gone, or not one raygate holds); `on_change(owner)`: a pod of it appeared, went,
@@ -112,8 +110,8 @@ class PodIndex:
         self._on_consumers = on_consumers
         self._lock = threading.Lock()
         self._seen: dict[PodKey, Seen] = {}
-        self._of: dict[JobKey, set[PodKey]] = {}
-        self._recorded: dict[JobKey, set[PodKey]] = {}  # pods by the Ray object recorded as theirs
+        self._of: dict[Key, set[PodKey]] = {}
+        self._recorded: dict[Key, set[PodKey]] = {}  # pods by the Ray object recorded as theirs
         self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
         self._bound: dict[tuple[str, str], dict[str, int]] = {}  # (namespace, group) -> Ray cluster -> bound pods
         self._released: dict[PodKey, JSON] = {}  # released by us, not yet shown by the watch
@@ -127,7 +125,7 @@ class PodIndex:
         return list(self.informers)
 
     # --- whose a pod is --------------------------------------------------------------------------
-    def owner(self, pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> JobKey | None:
+    def owner(self, pod: Mapping[str, Any], job: Mapping[str, Any] | None = None) -> Key | None:
         """The Ray object whose booking the pod uses: the one recorded at its creation. A pod without a record
         (made before raygate recorded them) is read from its controller, and a batch Job's pod from the Job's
         controller (`job`: that Job, as the worker read it)."""
@@ -151,7 +149,7 @@ class PodIndex:
             return None
         return str(ref.get("name") or "")
 
-    def assign(self, key: PodKey, owner: JobKey) -> None:
+    def assign(self, key: PodKey, owner: Key) -> None:
         """The worker found the owner the caches could not tell (a pod of a batch Job from before the records)."""
         with self._lock:
             seen = self._seen.get(key)
@@ -165,7 +163,7 @@ class PodIndex:
         Returns the gated ones no Ray object in the caches can book now (the worker says why, or lifts the gate
         of one recorded as no Ray object's)."""
         with self._lock:
-            pods = sorted(self._recorded.get((kind, namespace, name), ()))
+            pods = sorted(self._recorded.get(Key(kind, namespace, name), set()))
         unowned = []
         for key in pods:
             pod = self.get(key)
@@ -191,18 +189,18 @@ class PodIndex:
 
     # --- events ----------------------------------------------------------------------------------
     def _event(self, event: str, obj: JSON) -> None:
-        key = (meta_str(obj, "namespace"), meta_str(obj, "name"))
+        key = PodKey(meta_str(obj, "namespace"), meta_str(obj, "name"))
         gone = event == "DELETED"
         consumes = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
         owner = None if gone else self.owner(obj)
         now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
                    None if gone else bound_in(obj), bool(get(obj, ("spec", "nodeName"))))
         recorded = recorded_owner(obj)
-        by_record = (recorded.kind, key[0], recorded.name) if recorded is not None else None
+        by_record = Key(recorded.kind, key.namespace, recorded.name) if recorded is not None else None
         with self._lock:
             before = self._seen.pop(key, None)
             touched = {c for c in (before.consumes if before else None, now.consumes) if c}
-            had = {c: bool(self._consuming.get((key[0], c))) for c in touched}
+            had = {c: bool(self._consuming.get((key.namespace, c))) for c in touched}
             if before is not None:
                 if before.owner is not None:
                     self._of.get(before.owner, set()).discard(key)
@@ -221,9 +219,9 @@ class PodIndex:
                 self._count(key, now, +1)
             if not now.gated:
                 self._released.pop(key, None)
-            flipped = [c for c in touched if had[c] != bool(self._consuming.get((key[0], c)))]
+            flipped = [c for c in touched if had[c] != bool(self._consuming.get((key.namespace, c)))]
         for request in flipped:
-            self._on_consumers(key[0], request)
+            self._on_consumers(key.namespace, request)
         if now != before:
             for changed in {before.owner if before else None, owner} - {None}:
                 self._on_change(changed)  # type: ignore[arg-type]
@@ -235,21 +233,21 @@ class PodIndex:
         """Keep the consumers of each request and the bound pods of each gang group (caller holds the lock)."""
         if seen.bound_in is not None:
             group, cluster = seen.bound_in
-            clusters = self._bound.setdefault((key[0], group), {})
+            clusters = self._bound.setdefault((key.namespace, group), {})
             clusters[cluster] = clusters.get(cluster, 0) + step
             if not clusters[cluster]:
                 del clusters[cluster]
             if not clusters:
-                del self._bound[(key[0], group)]
+                del self._bound[(key.namespace, group)]
         if seen.consumes is None or seen.gated or not seen.runs:
             return
-        pods = self._consuming.setdefault((key[0], seen.consumes), set())
+        pods = self._consuming.setdefault((key.namespace, seen.consumes), set())
         if step > 0:
-            pods.add(key[1])
+            pods.add(key.name)
         else:
-            pods.discard(key[1])
+            pods.discard(key.name)
         if not pods:
-            del self._consuming[(key[0], seen.consumes)]
+            del self._consuming[(key.namespace, seen.consumes)]
 
     def released(self, key: PodKey, pod: JSON) -> None:
         """A pod this reconciler just released (the patch's answer), counted until the watch shows it."""
@@ -267,7 +265,7 @@ class PodIndex:
                 return found
         return None
 
-    def pods_of(self, owner: JobKey, policy: NamespacePolicy, claims: Any) -> tuple[gating.Pod, ...]:
+    def pods_of(self, owner: Key, policy: NamespacePolicy, claims: Any) -> tuple[gating.Pod, ...]:
         """The owner's pods that raygate gated, as the gate decision reads them. A gated pod whose requests
         raygate cannot read is kept with why: it holds no slot and gets none, and the rest go on."""
         with self._lock:
@@ -280,7 +278,7 @@ class PodIndex:
             digest, unreadable = "", None
             if podgate.gated(pod):
                 try:
-                    managed, _ = podgate.managed_request(pod, policy, claims, key[0])
+                    managed, _ = podgate.managed_request(pod, policy, claims, key.namespace)
                     digest = podgate.match_digest(pod.get("spec"), managed)
                 except ManifestError as err:
                     unreadable = str(err)

@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate.core.queueing import JobKey, Strategy, Turn, Waiting, askers
+from raygate.core.objects import Key
+from raygate.core.queueing import Strategy, Turn, Waiting, askers
 
 
 def _order(job: Waiting) -> tuple[int, str, str]:
@@ -34,17 +35,17 @@ class Rules:
 class _Queue:
     rules: Rules
     jobs: list[Waiting]  # in order
-    askers: frozenset[JobKey] = frozenset()
+    askers: frozenset[Key] = frozenset()
     freed: str = ""  # RFC 3339: when capacity last freed (answers before it are out of date)
 
 
 class QueueIndex:
-    def __init__(self, on_change: Callable[[JobKey], None]) -> None:
+    def __init__(self, on_change: Callable[[Key], None]) -> None:
         """`on_change(job)`: the job's turn changed (it may ask now, or must withdraw, or waits behind another)."""
         self._on_change = on_change
         self._lock = threading.Lock()
         self._queues: dict[str, _Queue] = {}
-        self._where: dict[JobKey, tuple[str, Waiting]] = {}
+        self._where: dict[Key, tuple[str, Waiting]] = {}
 
     def put(self, queue: str, rules: Rules, job: Waiting) -> None:
         """A held job as it is now, in the queue its namespace maps to."""
@@ -58,7 +59,7 @@ class QueueIndex:
             changed |= self._neighbour(q, i + 1) | self._reask(queue)
         self._notify(changed)
 
-    def drop(self, key: JobKey) -> None:
+    def drop(self, key: Key) -> None:
         """The job is no longer held: admitted, failed, or gone."""
         with self._lock:
             changed = self._remove(key)
@@ -79,12 +80,12 @@ class QueueIndex:
             q = self._queues.get(queue)
             return q.freed if q is not None else ""
 
-    def queue_of(self, key: JobKey) -> str | None:
+    def queue_of(self, key: Key) -> str | None:
         with self._lock:
             found = self._where.get(key)
             return found[0] if found else None
 
-    def turn(self, key: JobKey) -> Turn | None:
+    def turn(self, key: Key) -> Turn | None:
         """The job's turn, or None for a job in no queue (not held, or not yet seen)."""
         with self._lock:
             found = self._where.get(key)
@@ -110,7 +111,7 @@ class QueueIndex:
     def _index(q: _Queue, job: Waiting) -> int:
         return bisect.bisect_left(q.jobs, job.order, key=_order)
 
-    def _remove(self, key: JobKey) -> set[JobKey]:
+    def _remove(self, key: Key) -> set[Key]:
         found = self._where.pop(key, None)
         if found is None:
             return set()
@@ -121,11 +122,11 @@ class QueueIndex:
         return (self._neighbour(q, i) | self._reask(name)) - {key}
 
     @staticmethod
-    def _neighbour(q: _Queue, i: int) -> set[JobKey]:
+    def _neighbour(q: _Queue, i: int) -> set[Key]:
         """The job at `i` got another job right ahead of it."""
         return {q.jobs[i].key} if i < len(q.jobs) else set()
 
-    def _reask(self, name: str) -> set[JobKey]:
+    def _reask(self, name: str) -> set[Key]:
         """Recompute who asks; the jobs that start or stop asking."""
         q = self._queues[name]
         now = frozenset(askers(q.jobs, q.rules.strategy, q.rules.lookahead, q.freed))
@@ -133,6 +134,6 @@ class QueueIndex:
         q.askers = now
         return changed
 
-    def _notify(self, keys: set[JobKey]) -> None:
+    def _notify(self, keys: set[Key]) -> None:
         for key in sorted(keys):
             self._on_change(key)

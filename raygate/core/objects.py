@@ -6,10 +6,26 @@ Every layer reads objects the same way through these, so none of them rewrites i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 JSON = dict[str, Any]  # a Kubernetes object as the API server sends it
 Path = tuple[str | int, ...]
+
+
+class Key(NamedTuple):
+    """A namespaced object by kind and name: a RayJob or RayCluster raygate holds, or a pod it places."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+class PodKey(NamedTuple):
+    namespace: str
+    name: str
 
 
 def get(obj: Any, path: Path, default: Any = None) -> Any:

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from raygate.core import keys, podgate
-from raygate.core.objects import get
+from raygate.core.objects import Key, get
 from raygate.core.workload import Gang, Manages, Workload
 
-JobKey = tuple[str, str, str]  # (kind, namespace, name)
 Shape = Mapping[tuple[str, str], int]  # (placement digest, managed request per pod) -> pods
 
 
@@ -39,7 +38,7 @@ class Strategy(StrEnum):
 class Waiting:
     """A held job as its queue sees it."""
 
-    key: JobKey
+    key: Key
     priority: int
     created: str  # RFC 3339, UTC: sorts as text
     uid: str
@@ -52,7 +51,7 @@ class Waiting:
 
     @property
     def name(self) -> str:
-        return f"{self.key[0]} {self.key[1]}/{self.key[2]}"
+        return str(self.key)
 
     def not_now(self, freed: str) -> bool:
         """Answered "not now" since capacity last freed (an older answer is out of date: it asks again)."""
@@ -87,7 +86,7 @@ def covers(bigger: Shape, smaller: Shape) -> bool:
 SCAN = 1000
 
 
-def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[JobKey]:
+def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[Key]:
     """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
     waits, behind the job right ahead of it."""
     if not queue:
@@ -103,7 +102,7 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
     return [j.key for j in asking]
 
 
-def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[JobKey, Turn]:
+def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[Key, Turn]:
     """Each job's turn, `queue` in order (for tests and status; the reconciler keeps only the askers)."""
     may = set(askers(queue, strategy, lookahead, freed))
     return {j.key: Turn(j.key in may, i + 1, len(queue), None if j.key in may else queue[i - 1].name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raygate.core.objects import Key
 from raygate.core.queueing import Strategy, Waiting
 from raygate.reconciler.queues import QueueIndex, Rules
 
@@ -10,7 +11,7 @@ BEST = Rules(Strategy.BEST_EFFORT_FIFO, 8)
 
 
 def job(name: str, created: int, priority: int = 0, answered: str | None = None) -> Waiting:
-    return Waiting(("RayJob", "ns", name), priority, f"2030-01-01T00:00:{created:02d}Z", f"uid-{name}", answered,
+    return Waiting(Key("RayJob", "ns", name), priority, f"2030-01-01T00:00:{created:02d}Z", f"uid-{name}", answered,
                    {("a100", "gpu=4"): 1} if name != "elsewhere" else {("h100", "gpu=8"): 1})
 
 

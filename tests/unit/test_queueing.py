@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from raygate.core.objects import Key
 from raygate.core.queueing import Strategy, Waiting, askers, ordered, turns
 
 ONE_NODE = {("a100", "gpu=4"): 1}
@@ -10,7 +11,7 @@ TWO_NODES = {("a100", "gpu=4"): 2}
 
 def job(name: str, created: int, priority: int = 0, not_now: bool = False,
         shape: dict[tuple[str, str], int] | None = None) -> Waiting:
-    return Waiting(("RayJob", "ns", name), priority, f"2030-01-01T00:00:{created:02d}Z", f"uid-{name}",
+    return Waiting(Key("RayJob", "ns", name), priority, f"2030-01-01T00:00:{created:02d}Z", f"uid-{name}",
                    "2030-01-01T00:01:00Z" if not_now else None, ONE_NODE if shape is None else shape)
 
 
