@@ -16,7 +16,7 @@ from raygate.core.patch import PatchBuilder, PatchOp
 from raygate.core.policy import NamespacePolicy, RaygateConfig
 from raygate.core.workload import ManifestError, Workload
 from raygate.webhook import guard, jobs, pods
-from raygate.webhook.review import AdmissionRequest, kind_of, username
+from raygate.webhook.review import AdmissionRequest, Review, kind_of
 from raygate.webhook.verdict import Decision, allow, refuse
 
 RAY_KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
@@ -116,11 +116,6 @@ def _rayjob_refusals(w: Workload, policy: NamespacePolicy, b: PatchBuilder, warn
     return out
 
 
-def _namespace(request: AdmissionRequest, w: Workload) -> str:
-    ns = request.get("namespace")
-    return ns if isinstance(ns, str) and ns else w.namespace
-
-
 def _unreadable(request: AdmissionRequest, err: ManifestError) -> Decision:
     obj = request.get("object") or request.get("oldObject")
     kind = obj.get("kind") if isinstance(obj, dict) else None
@@ -132,56 +127,53 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     """The mutating webhook: hold the job and add what its mode needs, or refuse with a reason.
 
     `ns_labels`, `claims` (DRA claim templates) and `members` (pods in groups) come from the server's caches."""
+    review = Review(request, config, ns_labels, claims, members)
     try:
         if kind_of(request) == pods.POD_KIND:
-            return pods.mutate(request, ns_labels, config, claims, members)
+            return pods.mutate(review)
         if kind_of(request) == jobs.JOB_KIND:
-            return jobs.mutate(request, ns_labels, config, claims)
-        return _mutate(request, ns_labels, config, claims)
+            return jobs.mutate(review)
+        return _mutate(review)
     except ManifestError as err:  # a malformed field anywhere (labels that are a list, ...) is the user's to fix
         return _unreadable(request, err)
 
 
-def _subject(
-    request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig, claims: dra.ClaimTemplates
-) -> tuple[Workload, str] | Decision:
+def _subject(review: Review) -> tuple[Workload, str] | Decision:
     """The Ray object under review and its namespace, or why raygate has nothing to say about it."""
-    obj = request.get("object")
-    if not isinstance(obj, dict):
+    obj = review.obj
+    if obj is None:
         return allow("skipped-operation")
-    w = Workload(obj, claims)
+    w = Workload(obj, review.claims)
     if w.kind not in RAY_KINDS:
         return allow("skipped-kind")
-    namespace = _namespace(request, w)
-    if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
+    namespace = review.namespace_of(obj)
+    if not review.opted_in(namespace):
         return allow("skipped-namespace")
     return w, namespace
 
 
-def _mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-            claims: dra.ClaimTemplates) -> Decision:
-    if request.get("operation") == "UPDATE":
-        return _operator_update(request, ns_labels, config, claims)
-    if request.get("operation") != "CREATE":
+def _mutate(review: Review) -> Decision:
+    if review.operation == "UPDATE":
+        return _operator_update(review)
+    if review.operation != "CREATE":
         return allow("skipped-operation")
-    subject = _subject(request, ns_labels, config, claims)
+    subject = _subject(review)
     if isinstance(subject, Decision):
         return subject
     w, namespace = subject
-    return _admit(w, namespace, for_object(config.policy_for(namespace)), config, username(request))
+    return _admit(w, namespace, for_object(review.config.policy_for(namespace)), review.config, review.user)
 
 
-def _operator_update(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-                     claims: dra.ClaimTemplates) -> Decision:
+def _operator_update(review: Review) -> Decision:
     """The KubeRay operator replaces a RayService's cluster wholesale: keep raygate's hold and record on it."""
-    old = request.get("oldObject")
-    if username(request) not in config.ray_operator_users or not isinstance(old, dict):
+    old = review.old
+    if review.user not in review.config.ray_operator_users or old is None:
         return allow("skipped-operation")
-    subject = _subject(request, ns_labels, config, claims)
+    subject = _subject(review)
     if isinstance(subject, Decision):
         return subject
     w, _ = subject
-    previous = Workload(old, claims)
+    previous = Workload(old, review.claims)
     if previous.labels.get(keys.STATE_LABEL) is None:
         return allow("skipped-not-held")
     b = PatchBuilder(w.obj)
@@ -240,24 +232,24 @@ def _admit(w: Workload, namespace: str, rules: ObjectRules, config: RaygateConfi
 def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
              claims: dra.ClaimTemplates = dra.no_templates, members: Members = NO_MEMBERS) -> Decision:
     """The validating webhook: refuse what cannot be admitted; guard jobs raygate holds."""
+    review = Review(request, config, ns_labels, claims, members)
     try:
         if kind_of(request) == pods.POD_KIND:
-            return pods.validate(request, ns_labels, config, claims, members)
+            return pods.validate(review)
         if kind_of(request) == jobs.JOB_KIND:
-            return jobs.validate(request, ns_labels, config)
-        return _validate(request, ns_labels, config, claims)
+            return jobs.validate(review)
+        return _validate(review)
     except ManifestError as err:
         return _unreadable(request, err)
 
 
-def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-              claims: dra.ClaimTemplates) -> Decision:
-    subject = _subject(request, ns_labels, config, claims)
+def _validate(review: Review) -> Decision:
+    subject = _subject(review)
     if isinstance(subject, Decision):
         return subject
     w, namespace = subject
-    user = username(request)
-    if request.get("operation") == "CREATE":
+    user, config = review.user, review.config
+    if review.operation == "CREATE":
         # The mutating webhook refuses first; this catches an object that bypassed it.
         rules = for_object(config.policy_for(namespace))
         decision = _admit(w, namespace, rules, config, user)
@@ -275,11 +267,11 @@ def _validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, co
         if rules.holds and decision.patch:
             return refuse(_not_held(w, namespace, decision.patch), mode=rules.mode)
         return allow("valid")
-    if request.get("operation") != "UPDATE" or not isinstance(request.get("oldObject"), dict):
+    if review.operation != "UPDATE" or review.old is None:
         return allow("skipped-operation")
     if user in config.trusted_users:
         return allow("trusted")
-    old = Workload(request["oldObject"], claims)  # type: ignore[arg-type]
+    old = Workload(review.old, review.claims)
     rules = for_object(config.policy_for(namespace), old.annotations)
     if (over := _over_limits(old, w, namespace, rules)) is not None:
         return over

@@ -10,46 +10,40 @@ Pure, like the other decisions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from raygate.core import dra, identity, keys, podgate
+from raygate.core import identity, keys, podgate
 from raygate.core.modes import for_object
 from raygate.core.objects import controller_ref, get
 from raygate.core.patch import PatchBuilder
-from raygate.core.policy import RaygateConfig
-from raygate.webhook.review import AdmissionRequest, username
+from raygate.webhook.review import Review
 from raygate.webhook.verdict import Decision, allow, refuse
 
 JOB_KIND = "Job"
 STAMP = ("spec", "template", "metadata", "annotations", keys.RAY_OWNER_ANNOTATION)
 
 
-def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None,
-             config: RaygateConfig) -> dict[str, object] | str:
-    job = request.get("object")
-    if not isinstance(job, dict):
+def _subject(review: Review) -> dict[str, object] | str:
+    job = review.obj
+    if job is None:
         return "skipped-operation"
-    namespace = request.get("namespace") or get(job, ("metadata", "namespace"))
-    if not config.opted_in(str(namespace or ""), dict(ns_labels) if ns_labels is not None else None):
+    if not review.opted_in(review.namespace_of(job)):
         return "skipped-namespace"
     return job
 
 
-def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-           claims: dra.ClaimTemplates) -> Decision:
-    if request.get("operation") != "CREATE":
+def mutate(review: Review) -> Decision:
+    if review.operation != "CREATE":
         return allow("skipped-operation")
-    job = _subject(request, ns_labels, config)
+    job = _subject(review)
     if isinstance(job, str):
         return allow(job)
-    user = username(request)
+    user, config = review.user, review.config
     record = identity.job_template_record(job, user, config.ray_operator_users)
     owner = identity.ray_ref(controller_ref(job))
-    namespace = str(request.get("namespace") or get(job, ("metadata", "namespace")) or "")
+    namespace = review.namespace_of(job)
     policy = config.policy_for(namespace)
     template = get(job, ("spec", "template"))
     if owner is not None and record == identity.NO_RAY_OWNER and for_object(policy).gates_pods and isinstance(
-            template, dict) and podgate.needs_gate(template, policy, claims, namespace):
+            template, dict) and podgate.needs_gate(template, policy, review.claims, namespace):
         return refuse(f"this Job's pods ask for {policy.managed_names()} and it claims to be {owner.kind} "
                       f"{owner.name}'s (a controller reference), but {user or 'an unknown user'} is not KubeRay's "
                       "operator: only KubeRay makes a Ray object's Jobs, and raygate books GPUs only for them. "
@@ -59,20 +53,20 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     return Decision(allowed=True, outcome="stamped" if b.ops else "unchanged", patch=b.ops)
 
 
-def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig) -> Decision:
-    job = _subject(request, ns_labels, config)
+def validate(review: Review) -> Decision:
+    job = _subject(review)
     if isinstance(job, str):
         return allow(job)
-    user = username(request)
-    if request.get("operation") == "CREATE":
+    user, config = review.user, review.config
+    if review.operation == "CREATE":
         if get(job, STAMP) != identity.job_template_record(job, user, config.ray_operator_users):
             return refuse(f"this Job's pod template would be stored without raygate's record "
                           f"{keys.RAY_OWNER_ANNOTATION} as raygate wrote it: another mutating webhook changed it, or "
                           "raygate's did not run (cluster admins: check `kubectl get mutatingwebhookconfiguration "
                           "raygate-mutating`)")
         return allow("valid")
-    old = request.get("oldObject")
-    if request.get("operation") != "UPDATE" or not isinstance(old, dict) or user in config.trusted_users:
+    old = review.old
+    if review.operation != "UPDATE" or old is None or user in config.trusted_users:
         return allow("skipped-operation" if user not in config.trusted_users else "trusted")
     if get(old, STAMP) != get(job, STAMP):
         return refuse(f"annotation {keys.RAY_OWNER_ANNOTATION} of this Job's pod template is raygate's record of "

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from raygate.core import dra, identity, keys, podgate
-from raygate.core.modes import NO_MEMBERS, Members, all_groups_at_the_pod, for_object
+from raygate.core import identity, keys, podgate
+from raygate.core.modes import all_groups_at_the_pod, for_object
 from raygate.core.objects import get, labels, metadata
 from raygate.core.patch import PatchBuilder
 from raygate.core.policy import RaygateConfig
-from raygate.webhook.review import AdmissionRequest, username
+from raygate.webhook.review import Review
 from raygate.webhook.verdict import Decision, allow, refuse
 
 POD_KIND = "Pod"
@@ -24,15 +24,13 @@ POD_KIND = "Pod"
 BOOKING_ANNOTATIONS = (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
 
 
-def _subject(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig
-             ) -> tuple[dict[str, object], str] | str:
+def _subject(review: Review) -> tuple[dict[str, object], str] | str:
     """The pod and its namespace, or the outcome that says why raygate leaves it alone."""
-    pod = request.get("object")
-    if not isinstance(pod, dict):
+    pod = review.obj
+    if pod is None:
         return "skipped-operation"
-    namespace = request.get("namespace") or get(pod, ("metadata", "namespace"))
-    namespace = namespace if isinstance(namespace, str) else ""
-    if not config.opted_in(namespace, dict(ns_labels) if ns_labels is not None else None):
+    namespace = review.namespace_of(pod)
+    if not review.opted_in(namespace):
         return "skipped-namespace"
     return pod, namespace
 
@@ -48,14 +46,14 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return found if isinstance(found, Mapping) else {}
 
 
-def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-           claims: dra.ClaimTemplates, members: Members = NO_MEMBERS) -> Decision:
-    if request.get("operation") != "CREATE":
+def mutate(review: Review) -> Decision:
+    if review.operation != "CREATE":
         return allow("skipped-operation")
-    subject = _subject(request, ns_labels, config)
+    subject = _subject(review)
     if isinstance(subject, str):
         return allow(subject)
     pod, namespace = subject
+    config, claims = review.config, review.claims
     policy = config.policy_for(namespace)
     books = for_object(policy).gates_pods
     gated = books and podgate.needs_gate(pod, policy, claims, namespace)
@@ -73,7 +71,7 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
                       "booking covers them, and this pod names a node (spec.nodeName), which skips the scheduler "
                       "and its gates: remove nodeName from the pod template and choose nodes with a nodeSelector "
                       "or affinity", mode=policy.mode)
-    who = identity.at_pod_create(pod, username(request), config.ray_operator_users)
+    who = identity.at_pod_create(pod, review.user, config.ray_operator_users)
     if gated and who.refusal is not None:
         return refuse(who.refusal, code=403, mode=policy.mode)
     if who.record is not None:
@@ -81,20 +79,20 @@ def mutate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, confi
     if gated:
         podgate.gate(b, pod)
     for rules in all_groups_at_the_pod():
-        rules.pod_patch(b, pod, namespace, gated, members)
+        rules.pod_patch(b, pod, namespace, gated, review.members)
     outcome = ("gated" if gated else "grouped") if b.ops else "unchanged"
     return Decision(allowed=True, outcome=outcome, patch=b.ops, mode=policy.mode)
 
 
-def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, config: RaygateConfig,
-             claims: dra.ClaimTemplates, members: Members = NO_MEMBERS) -> Decision:
-    subject = _subject(request, ns_labels, config)
+def validate(review: Review) -> Decision:
+    subject = _subject(review)
     if isinstance(subject, str):
         return allow(subject)
     pod, namespace = subject
+    config, claims = review.config, review.claims
     policy = config.policy_for(namespace)
     gates = for_object(policy).gates_pods
-    if request.get("operation") == "CREATE":
+    if review.operation == "CREATE":
         # Validation runs after every mutating webhook (and after the API server dropped the fields it does not
         # serve): the pod must be stored gated, with raygate's record of whose it is, and in its group.
         for rules in all_groups_at_the_pod():
@@ -107,15 +105,15 @@ def validate(request: AdmissionRequest, ns_labels: Mapping[str, str] | None, con
                           f"be stored without raygate's scheduling gate {keys.CAPACITY_GATE}: another mutating "
                           "webhook removed it, or raygate's did not run (cluster admins: check `kubectl get "
                           "mutatingwebhookconfiguration raygate-mutating`)", mode=policy.mode)
-        if problem := _stored_claims(pod, username(request), config):
+        if problem := _stored_claims(pod, review.user, config):
             return refuse(problem, mode=policy.mode)
         return allow("valid")
     if not gates:
         return allow("pod-not-gated-here")
-    old = request.get("oldObject")
-    if request.get("operation") != "UPDATE" or not isinstance(old, dict):
+    old = review.old
+    if review.operation != "UPDATE" or old is None:
         return allow("skipped-operation")
-    user = username(request)
+    user = review.user
     if user in config.trusted_users:
         return allow("trusted")
     if podgate.gated(old) and not podgate.gated(pod):

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
 import orjson
+
+from raygate.core.dra import ClaimTemplates, no_templates
+from raygate.core.modes import NO_MEMBERS, Members
+from raygate.core.objects import get
+from raygate.core.policy import RaygateConfig
 
 API_VERSION = "admission.k8s.io/v1"
 
@@ -118,3 +125,41 @@ def response(
         "kind": "AdmissionReview",
         "response": resp,
     }
+
+
+@dataclass(frozen=True)
+class Review:
+    """One review, and what the webhook's caches hold for it: everything a decision reads (no I/O).
+
+    Built once per request by the entry points (decision.mutate, decision.validate) and passed down."""
+
+    request: AdmissionRequest
+    config: RaygateConfig
+    ns_labels: Mapping[str, str] | None = None  # None: the namespace cache has not seen it yet
+    claims: ClaimTemplates = no_templates  # DRA ResourceClaimTemplates
+    members: Members = NO_MEMBERS  # pods in gang groups (native mode)
+
+    @property
+    def operation(self) -> str:
+        return str(self.request.get("operation") or "")
+
+    @property
+    def user(self) -> str:
+        return username(self.request)
+
+    @property
+    def obj(self) -> dict[str, Any] | None:
+        found = self.request.get("object")
+        return found if isinstance(found, dict) else None
+
+    @property
+    def old(self) -> dict[str, Any] | None:
+        found = self.request.get("oldObject")
+        return found if isinstance(found, dict) else None
+
+    def namespace_of(self, obj: Mapping[str, Any]) -> str:
+        found = self.request.get("namespace") or get(obj, ("metadata", "namespace"))
+        return found if isinstance(found, str) else ""
+
+    def opted_in(self, namespace: str) -> bool:
+        return self.config.opted_in(namespace, dict(self.ns_labels) if self.ns_labels is not None else None)
