@@ -29,10 +29,11 @@ def _job_hash(w: Workload) -> str:
     return short_hash(w.kind, w.namespace, w.name, str(get(w.obj, ("metadata", "uid"), "")))
 
 
-def request_name(w: Workload, attempt: int, pod_sets: str) -> str:
-    """`<job>-<hash>-a<attempt>`: a new name for every attempt, and for every change of the pod sets
-    it books (`pod_sets` is their fingerprint), so a request never outlives the spec it was made for."""
-    suffix = f"-{short_hash(_job_hash(w), pod_sets)}-a{attempt}"
+def request_name(w: Workload, attempt: int, pod_sets: str, rounds: int = 0) -> str:
+    """`<job>-<hash>-a<attempt>[r<round>]`: a new name for every attempt, for every change of the pod sets
+    it books (`pod_sets` is their fingerprint), so a request never outlives the spec it was made for, and
+    for every time its queue withdrew it or had it ask again (`rounds`), so the autoscaler sees a new request."""
+    suffix = f"-{short_hash(_job_hash(w), pod_sets)}-a{attempt}" + (f"r{rounds}" if rounds else "")
     return dns(w.name, MAX_NAME - len(suffix)) + suffix
 
 
@@ -129,7 +130,7 @@ def parameters(w: Workload, policy: NamespacePolicy) -> dict[str, str]:
 
 
 def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespacePolicy, attempt: int,
-                         api_version: str, pod_sets_fingerprint: str) -> JSON:
+                         api_version: str, pod_sets_fingerprint: str, rounds: int = 0) -> JSON:
     if not pod_sets:
         raise BadInput("no pod set requests a managed resource, so there is nothing to provision")
     spec: JSON = {
@@ -139,7 +140,7 @@ def provisioning_request(w: Workload, pod_sets: list[PodSet], policy: NamespaceP
     params = parameters(w, policy)
     if params:
         spec["parameters"] = params
-    meta = child_metadata(w, request_name(w, attempt, pod_sets_fingerprint))
+    meta = child_metadata(w, request_name(w, attempt, pod_sets_fingerprint, rounds))
     meta["annotations"] |= {keys.POD_SETS_ANNOTATION: pod_sets_fingerprint}
     return {"apiVersion": f"{keys.PROVREQ_GROUP}/{api_version}", "kind": ChildKind.PROVISIONING_REQUEST.value,
             "metadata": meta, "spec": spec}

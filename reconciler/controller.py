@@ -19,18 +19,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
 from raygate.core import dra, identity, keys, logs, podgate
-from raygate.core.api import CLAIM_TEMPLATES, PODS, RAYCLUSTERS, RAYJOBS, Resource, Served
+from raygate.core.api import CLAIM_TEMPLATES, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules, for_object
 from raygate.core.names import short_hash
 from raygate.core.objects import JSON, Key, PodKey, controller_ref, get, meta_str, metadata, string_map, with_kind
-from raygate.core.policy import NamespacePolicy
-from raygate.core.times import parse_time
+from raygate.core.policy import NamespacePolicy, QueuePolicy
+from raygate.core.times import parse_time, timestamp
 from raygate.core.workload import Workload
 from raygate.kube import discovery, events
 from raygate.kube.client import JSON_PATCH, ApiError, Kube
@@ -54,6 +55,7 @@ from raygate.reconciler.plan import (
     fail,
 )
 from raygate.reconciler.pods import JOBS, PodIndex
+from raygate.reconciler.queues import QueueIndex, rules_of, waiting_of
 from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
@@ -175,12 +177,18 @@ class Controller:
         self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
+        # The queues held jobs wait in (reconciler/queues.py), kept from the caches like everything else; the
+        # PriorityClasses their order reads.
+        self.queues = QueueIndex(on_change=self.queue.add)
+        self.priority_classes = Informer(kube, PRIORITY_CLASSES, resync_seconds=rs, transform=_priority_view,
+                                         handler=lambda event, obj: self._place_all())
+        config.on_loaded(self._place_all)
         self.events = EventSender(kube, busy=lambda: self.queue.busy())
         self._side = ThreadPoolExecutor(self.options.workers, thread_name_prefix="create")
 
     # --- lifecycle --------------------------------------------------------------------------------
     def _informers(self) -> list[Informer]:
-        caches = [*self.jobs.values(), *self.children.values(), *self.pods.all_informers()]
+        caches = [*self.jobs.values(), *self.children.values(), *self.pods.all_informers(), self.priority_classes]
         return caches if self.claim_templates is None else [*caches, self.claim_templates]
 
     def start_informers(self) -> None:
@@ -244,6 +252,7 @@ class Controller:
     def _job_event(self, kind: str) -> Callable[[str, JSON], None]:
         def handle(event: str, obj: JSON) -> None:
             namespace, name = meta_str(obj, "namespace"), meta_str(obj, "name")
+            self._place(Key(kind, namespace, name))  # its place in its queue first: its reconcile reads its turn
             self.queue.add(Key(kind, namespace, name))
             parent = self._parent(obj) if kind == keys.RAYCLUSTER_KIND else None
             if parent is not None:
@@ -289,14 +298,54 @@ class Controller:
                     if owner:
                         self._owned.setdefault(owner, set()).add(ck)
             if owner:
+                if kind == ChildKind.PROVISIONING_REQUEST:
+                    self._place(owner)  # the autoscaler's answer decides whether the jobs behind it may try
                 # A settled request asks for one patch of its job (admit, retry or give up): it goes ahead.
                 self.queue.add(owner, urgent=kind == ChildKind.PROVISIONING_REQUEST and settled(obj))
 
         return handle
 
+    # --- the queues ---------------------------------------------------------------------------------
+    def _place(self, key: Key) -> None:
+        """The job's place in its queue, as the caches have it now (none: not held, or nothing booked)."""
+        obj = self._job(key)
+        if obj is None or (key.kind == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj)
+                                                                  or identity.recorded_parent(obj))):
+            self.queues.drop(key)
+            return
+        w = Workload(obj, self._claim_template)
+        cfg = self.config.config
+        rules = for_object(cfg.policy_for(w.namespace), w.annotations)
+        informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
+        current = w.annotations.get(keys.REQUEST_ANNOTATION)
+        request = informer.get(w.namespace, current) if informer is not None and current else None
+        classes, global_default = self._priorities()
+        waiting = waiting_of(key, w, rules, classes, global_default, request)
+        if waiting is None:
+            self.queues.drop(key)
+            return
+        name = rules.policy.queue
+        self.queues.put(name, rules_of(cfg.queues.get(name) or QueuePolicy()), waiting)
+
+    def _place_all(self) -> None:
+        """Every job placed again: the config (queues, priorities) or a PriorityClass changed."""
+        for kind, inf in self.jobs.items():
+            for namespace, name in inf.cached_keys():
+                self._place(Key(kind, namespace, name))
+
+    def _priorities(self) -> tuple[dict[str, int], int]:
+        """PriorityClass values by name, and the cluster's global default (0 without one)."""
+        classes = {meta_str(o, "name"): int(o.get("value") or 0) for o in self.priority_classes.iter_items()}
+        default = next((int(o.get("value") or 0) for o in self.priority_classes.iter_items()
+                        if o.get("globalDefault") is True), 0)
+        return classes, default
+
     def _consumers_changed(self, namespace: str, request: str) -> None:
-        """A request got its first running pod or lost its last one: its job decides whether it may go."""
+        """A request got its first running pod or lost its last one: its job decides whether it may go; and when
+        the last one went, capacity of its queue freed."""
         owner = self._request_owner(namespace, request)
+        if owner is not None and not self.pods.consumers(namespace, request):
+            self.queues.freed(self.config.config.policy_for(namespace).queue, timestamp(self.clock()))
         if owner is not None:
             self.queue.add(owner)
 
@@ -586,7 +635,15 @@ class Controller:
             served=self.served,
             bound={meta_str(g, "name"): self.pods.bound(namespace, meta_str(g, "name"))
                    for kind in self.group_kinds for g in kids.get(kind, ())},
+            **self._turn(key),
         )
+
+    def _turn(self, key: Key | None) -> dict[str, Any]:
+        """The job's turn in its queue, the queue, and when its capacity last freed (Observed's fields)."""
+        name = self.queues.queue_of(key) if key is not None else None
+        if key is None or name is None:
+            return {}
+        return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name)}
 
     def _release(self, namespace: str, action: ReleasePod) -> None:
         """Lift a pod's gate. The patch tests the gate it removes: one already lifted (by another replica, or
@@ -638,6 +695,11 @@ def _flush(run: list[Create]) -> Iterator[Action | list[Create]]:
 
 def _fields(key: Key) -> dict[str, str]:
     return {"kind": key.kind, "namespace": key.namespace, "object": key.name}
+
+
+def _priority_view(obj: JSON) -> JSON:
+    return {"metadata": {"name": meta_str(obj, "name")}, "value": obj.get("value"),
+            "globalDefault": obj.get("globalDefault")}
 
 
 def _made_for(child: JSON) -> str | None:

@@ -66,8 +66,8 @@ class Needs:
     group: GroupSpec | None
     fingerprint: str = ""  # of the managed pod sets: what a request for them books
 
-    def request_name(self, w: Workload, attempt: int) -> str:
-        return children.request_name(w, attempt, self.fingerprint)
+    def request_name(self, w: Workload, attempt: int, rounds: int = 0) -> str:
+        return children.request_name(w, attempt, self.fingerprint, rounds)
 
 
 
@@ -113,8 +113,8 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
     policy = rules.policy
     try:
         needs = needs_of(w, rules)
-        attempt = _pending_attempt(w)
-        name = needs.request_name(w, attempt)
+        attempt, rounds = _pending_attempt(w), _rounds(w)
+        name = needs.request_name(w, attempt, rounds)
         plan = Plan(delete_requests(obs, keep=name if needs.provision else None))
         if needs.group is not None and rules.group is not None:
             held = _ensure_group(w, obs, rules, needs.group, rules.group, plan)
@@ -122,7 +122,9 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
                 return held
         if not needs.provision:
             return _admit(w, plan, None, rules, needs, now)
-        plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
+        if obs.turn is not None and not obs.turn.may_ask:
+            return _queued(w, obs, plan)
+        plan.actions += _ensure_request(w, obs, policy, needs, attempt, version, rounds)
     except BadInput as err:
         return fail(w, obs, rules, str(err))
     b = builder(w)
@@ -130,14 +132,17 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
     b.set(annotation(keys.REQUEST_ANNOTATION), name)
     b.set(annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
     counts = ", ".join(f"{p.name} x{p.count}" for p in needs.managed)
-    b.set(annotation(keys.REASON_ANNOTATION), f"waiting for ProvisioningRequest {name} "
+    b.set(annotation(keys.REASON_ANNOTATION), _where(obs) + f"waiting for ProvisioningRequest {name} "
           f"({policy.provisioning.class_name}; {counts}) to be Provisioned")
     b.remove(annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     # No Event for a plain wait: the state label and this reason say it, and at most 6 writes per
     # admitted job leave room for one normal Event (Admitted) with two GPU pod sets. Anything
-    # unusual while held (no capacity, retries, a closed queue) gets a Warning Event.
+    # unusual while held (no capacity, retries, a closed queue) gets a Warning Event; reaching the
+    # front of its queue, one normal Event.
     plan.actions.append(patch_step(b, Step.PROVISIONING))
+    if obs.turn is not None and obs.turn.front:
+        plan.actions.append(_front_of_queue(w, obs))
     plan.requeue(policy.provisioning.provisioned_timeout_seconds)
     plan.outcome = Outcome.REQUESTED
     return plan
@@ -193,7 +198,7 @@ def _pending_attempt(w: Workload) -> int:
 
 
 def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: Needs, attempt: int,
-                    version: str | None) -> list[Action]:
+                    version: str | None, rounds: int = 0) -> list[Action]:
     """PodTemplates first (a request whose templates are missing fails), then the request."""
     if version is None:
         raise BadInput(f"this cluster serves no ProvisioningRequest API ({keys.PROVREQ_GROUP}): install the "
@@ -208,7 +213,7 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: 
             actions.append(Create(ChildKind.POD_TEMPLATE, t))
     # Templates of pod sets as they were before an edit: no request needs them any more.
     actions += [Delete(ChildKind.POD_TEMPLATE, name) for name in sorted(have - wanted)]
-    pr = children.provisioning_request(w, list(needs.managed), policy, attempt, version, needs.fingerprint)
+    pr = children.provisioning_request(w, list(needs.managed), policy, attempt, version, needs.fingerprint, rounds)
     if obs.request(name_of(pr)) is None:
         actions.append(Create(ChildKind.PROVISIONING_REQUEST, pr))
     return actions
@@ -274,7 +279,8 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
         needs = needs_of(w, rules)
     except BadInput as err:
         return fail(w, obs, rules, str(err))
-    if name != needs.request_name(w, attempt):
+    rounds = _rounds(w)
+    if name != needs.request_name(w, attempt, rounds):
         return _replace(w, obs, rules, now, version, name)
     plan = Plan(delete_requests(obs, keep=name))
     if needs.group is not None and rules.group is not None:
@@ -290,9 +296,11 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
         plan.outcome = Outcome.BACKOFF
         return plan
     pr = obs.request(name)
+    if obs.turn is not None and not obs.turn.may_ask and (pr is None or not booking.provisioned(pr)):
+        return _withdraw(w, obs, needs, attempt, rounds, "another job is ahead of it now")
     if pr is None:
         try:
-            plan.actions += _ensure_request(w, obs, policy, needs, attempt, version)
+            plan.actions += _ensure_request(w, obs, policy, needs, attempt, version, rounds)
         except BadInput as err:
             return fail(w, obs, rules, str(err))
         plan.requeue(policy.provisioning.provisioned_timeout_seconds)
@@ -308,6 +316,8 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
     if booking.provisioned(pr):
         return _admit(w, plan, name, rules, needs, now)
     provisioned = cond.get(booking.PROVISIONED)
+    if obs.turn is not None:
+        return _waits_its_turn(w, obs, rules, now, plan, needs, (attempt, rounds), provisioned)
     # provisionedTimeoutSeconds counts from the autoscaler's first answer that this request is not Provisioned,
     # recorded on the job. A request it has not answered is queued: the cluster-autoscaler takes one request
     # per loop, in no set order, so a new request would only join the same queue, behind a backoff.
@@ -365,6 +375,7 @@ def _retry_or_fail(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datet
     b = builder(w)
     b.set(annotation(keys.ATTEMPT_ANNOTATION), str(attempt + 1))
     b.set(annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.remove(annotation(keys.ROUND_ANNOTATION))
     b.set(annotation(keys.NEXT_ATTEMPT_ANNOTATION), precise_timestamp(due))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     reason = f"ProvisioningRequest {name} {why} ({detail}); attempt {attempt + 1} as {nxt} after {timestamp(due)}"
@@ -399,3 +410,83 @@ def requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, wh
     return Plan([patch_step(b, Step.REQUEUE),
                  Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
                  *delete_requests(obs, keep=nxt)], outcome=Outcome.REQUEUED)
+
+
+# --- the queue ---------------------------------------------------------------------------------------
+
+def _rounds(w: Workload) -> int:
+    """How often the current attempt's request was withdrawn or asked again by the job's queue."""
+    if not w.annotations.get(keys.REQUEST_ANNOTATION):
+        return 0
+    return positive_int(w.annotations.get(keys.ROUND_ANNOTATION)) or 0
+
+
+def _where(obs: Observed) -> str:
+    """Where the job stands in its queue, as its reason starts (only what changes when the job's turn does)."""
+    if obs.turn is None:
+        return ""
+    if obs.turn.front:
+        return f"at the front of queue {obs.queue}: "
+    return f"trying while the front of queue {obs.queue} waits: "
+
+
+def _front_of_queue(w: Workload, obs: Observed) -> Emit:
+    return Emit("FrontOfQueue", f"at the front of queue {obs.queue}: it asks the cluster-autoscaler for its gang "
+                "first", name=children.event_name(w, "FrontOfQueue"))
+
+
+def _queued(w: Workload, obs: Observed, plan: Plan) -> Plan:
+    """Not its turn: it waits, with no request out, behind the job right ahead of it. (Its position is computed
+    when asked, `kubectl raygate status`: a queue that moves writes nothing to the jobs behind.)"""
+    turn = obs.turn
+    behind = turn.behind if turn is not None and turn.behind else "the jobs ahead of it"
+    reason = f"waiting in queue {obs.queue} behind {behind}"
+    if w.annotations.get(keys.REASON_ANNOTATION) != reason:
+        b = builder(w)
+        b.set(annotation(keys.REASON_ANNOTATION), reason)
+        plan.actions.append(patch_step(b, Step.HOLD))
+    plan.outcome = Outcome.QUEUED
+    return plan
+
+
+def _withdraw(w: Workload, obs: Observed, needs: Needs, attempt: int, rounds: int, why: str) -> Plan:
+    """Its request goes, not Provisioned, and the job is Pending again (in the same attempt: it failed nothing).
+    Its next request has a new name, so the autoscaler takes it as new, without the backoff of the old one."""
+    nxt = needs.request_name(w, attempt, rounds + 1)
+    b = builder(w)
+    b.set(STATE_PATH, keys.State.PENDING.value)
+    b.set(annotation(keys.REQUEST_ANNOTATION), nxt)
+    b.set(annotation(keys.ROUND_ANNOTATION), str(rounds + 1))
+    b.set(annotation(keys.REASON_ANNOTATION), f"in queue {obs.queue}: {why}")
+    b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
+    return Plan([patch_step(b, Step.WITHDRAW), *delete_requests(obs, keep=nxt)], outcome=Outcome.WITHDRAWN)
+
+
+def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, plan: Plan, needs: Needs,
+                    attempt_round: tuple[int, int], provisioned: Condition | None) -> Plan:
+    """A queued job's request that is out and not Provisioned. Waiting is not failing: an answer "not now"
+    (Provisioned=False) never gives up on the job. It asks again, with a new request, when capacity freed after
+    that answer (the front asks first then), or when the answer is provisionedTimeoutSeconds old (so the
+    autoscaler's backoff for one request never grows past it)."""
+    attempt, rounds = attempt_round
+    name = w.annotations.get(keys.REQUEST_ANNOTATION) or ""
+    if provisioned is None or provisioned.true or not provisioned.reason:
+        plan.outcome = Outcome.WAITING  # not answered yet: its turn at the autoscaler
+        return plan
+    answered = parse_time(provisioned.last_transition)
+    timeout = rules.policy.provisioning.provisioned_timeout_seconds
+    stale = answered is not None and (now - answered).total_seconds() >= timeout
+    if (answered is not None and obs.freed and obs.freed > timestamp(answered)) or stale:
+        return _withdraw(w, obs, needs, attempt, rounds, "capacity freed since the autoscaler's last answer: it "
+                         "asks again" if not stale else f"asks again after {timeout:g}s without capacity")
+    msg = f": {provisioned.message}" if provisioned.message else ""
+    reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
+        "for capacity to free"
+    if w.annotations.get(keys.REASON_ANNOTATION) != reason:
+        b = builder(w)
+        b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
+        plan.actions.append(patch_step(b, Step.HOLD))
+    if answered is not None:
+        plan.requeue(timeout - (now - answered).total_seconds())
+    plan.outcome = Outcome.WAITING
+    return plan

@@ -21,6 +21,7 @@ from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, ObjectRules
 from raygate.core.objects import JSON, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.queueing import Turn
 from raygate.core.workload import Workload
 from raygate.reconciler import children, gating
 
@@ -46,6 +47,7 @@ class Step(StrEnum):
     REQUEUE = "requeue"  # back to Pending for new capacity
     HOLD = "hold"  # still held, with a new reason
     SCALE_UP = "scale-up"  # admitted, with a new word on the pods its scale-up books
+    WITHDRAW = "withdraw"  # its queue took its request back: Pending again
 
 
 
@@ -68,6 +70,8 @@ class Outcome(StrEnum):
     ADMITTED = "admitted"
     REVOKED_REPORTED = "revoked-reported"
     REQUEUED = "requeued"
+    QUEUED = "queued"  # not its turn: no request out
+    WITHDRAWN = "withdrawn"  # its request taken back (another job ahead, or to ask again)
     GROUP_REWRITTEN = "group-rewritten"  # another writer changed the group object raygate made (Volcano)
 
 
@@ -154,6 +158,9 @@ class Observed:
     prerequisite: JSON | None = None  # a group still to create: its prerequisite as read (None: missing)
     served: Served = OFFLINE  # what the cluster serves (discovery, when the reconciler started)
     bound: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # group -> Ray cluster -> bound pods
+    turn: Turn | None = None  # its turn in its queue (None: in none, as where raygate books nothing)
+    queue: str = ""  # the queue's name
+    freed: str = ""  # RFC 3339: when capacity of its queue last freed (answers before it are out of date)
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if name_of(r) == name), None)

@@ -17,8 +17,36 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate.core.objects import Key
-from raygate.core.queueing import Strategy, Turn, Waiting, askers
+from raygate.core import keys, queueing
+from raygate.core.conditions import conditions
+from raygate.core.keys import QueueStrategy as Strategy
+from raygate.core.modes import ObjectRules
+from raygate.core.objects import JSON, Key, meta_str
+from raygate.core.policy import QueuePolicy
+from raygate.core.queueing import PriorityClasses, Turn, Waiting, askers
+from raygate.core.workload import ManifestError, Workload
+
+
+def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClasses, global_default: int,
+               request: JSON | None) -> Waiting | None:
+    """The job as its queue sees it, or None when it waits in no queue: it is not held (admitted, failed, or
+    admitted by another system), or raygate books nothing for it (then nothing is scarce to wait for)."""
+    if not (rules.holds and rules.books) or w.labels.get(keys.STATE_LABEL) not in keys.HELD_STATES:
+        return None
+    try:
+        shape = queueing.shape(w, w.gang(), rules.policy.manages)
+    except ManifestError:
+        shape = {}  # unreadable: its decision fails it with the reason
+    name = queueing.priority_class_name(w, rules.policy.default_priority_class_name)
+    provisioned = conditions(request).get("Provisioned") if request is not None else None
+    answered = provisioned.last_transition if provisioned is not None and not provisioned.true and \
+        provisioned.reason else None
+    return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
+                   w.uid, answered or None, shape)
+
+
+def rules_of(queue: QueuePolicy) -> Rules:
+    return Rules(queue.strategy, queue.lookahead)
 
 
 def _order(job: Waiting) -> tuple[int, str, str]:
@@ -66,13 +94,14 @@ class QueueIndex:
         self._notify(changed)
 
     def freed(self, queue: str, at: str) -> None:
-        """Capacity of this queue's jobs freed at `at`: answers from before are out of date."""
+        """Capacity of this queue's jobs freed at `at`: answers from before are out of date. Every job that asks
+        is told (the front asks again first; the jobs behind it that may no longer try withdraw)."""
         with self._lock:
             q = self._queues.get(queue)
             if q is None or at <= q.freed:
                 return
             q.freed = at
-            changed = self._reask(queue)
+            changed = set(q.askers) | self._reask(queue)
         self._notify(changed)
 
     def freed_at(self, queue: str) -> str:

@@ -14,6 +14,7 @@ class Condition:
     status: str
     reason: str
     message: str
+    last_transition: str = ""  # RFC 3339, as written (the cluster-autoscaler rewrites it at every answer)
 
     @property
     def true(self) -> bool:
@@ -27,5 +28,5 @@ def raw_conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 
 def conditions(obj: Mapping[str, Any]) -> dict[str, Condition]:
-    return {t: Condition(str(c.get("status", "")), str(c.get("reason") or ""), str(c.get("message") or ""))
-            for t, c in raw_conditions(obj).items()}
+    return {t: Condition(str(c.get("status", "")), str(c.get("reason") or ""), str(c.get("message") or ""),
+                         str(c.get("lastTransitionTime") or "")) for t, c in raw_conditions(obj).items()}

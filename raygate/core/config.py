@@ -32,6 +32,8 @@ def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
     if problems := [f"defaults: {p}" for p in defaults.config_problems(cfg.defaults)]:
         raise ConfigError(problems)
     problems = [f"defaults.mode: {p}" for p in defaults.cluster_problems(served)]
+    if cfg.defaults.queue not in cfg.queues:
+        problems.append(_no_queue("defaults.queue", cfg.defaults.queue, cfg))
     for ns, override in cfg.namespaces.items():
         if ns in PROTECTED_NAMESPACES:
             problems.append(f"namespaces.{ns}: raygate never acts in {ns}; remove this entry")
@@ -44,6 +46,8 @@ def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
         except ValidationError as err:
             problems.extend(field_problems(err, ("namespaces", ns)))
             continue
+        if merged.queue not in cfg.queues and "queue" in override:
+            problems.append(_no_queue(f"namespaces.{ns}.queue", merged.queue, cfg))
         rules = for_object(merged).mode_rules
         if config_problems := rules.config_problems(merged):
             problems += [f"namespaces.{ns}: {p}" for p in config_problems]
@@ -52,3 +56,7 @@ def parse_config(text: str, served: Served = OFFLINE) -> RaygateConfig:
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _no_queue(path: str, name: str, cfg: RaygateConfig) -> str:
+    return f"{path}: there is no queue {name!r}: define it under `queues` (defined: {', '.join(sorted(cfg.queues))})"

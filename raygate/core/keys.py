@@ -16,6 +16,8 @@ POD_GROUP_ANNOTATION = f"{DOMAIN}/pod-group"  # JSON PodGroup spec recorded by t
 MODE_ANNOTATION = f"{DOMAIN}/mode"  # the mode the webhook applied
 REQUEST_ANNOTATION = f"{DOMAIN}/provisioning-request"
 ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
+# The times this attempt's request was withdrawn, or asked again, by the job's queue: part of the request's name.
+ROUND_ANNOTATION = f"{DOMAIN}/round"
 REASON_ANNOTATION = f"{DOMAIN}/reason"
 NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
 # "<request> <time>": when the autoscaler first answered that request not Provisioned (its retry clock starts)
@@ -71,6 +73,23 @@ class Mode(StrEnum):
     VOLCANO = "volcano"
     KUEUE = "kueue"
     NATIVE = "native"
+
+
+class QueueStrategy(StrEnum):
+    """How a queue's held jobs take their turn (raygate.core.queueing)."""
+
+    STRICT_FIFO = "StrictFIFO"  # only the head asks the autoscaler; nobody passes it
+    BEST_EFFORT_FIFO = "BestEffortFIFO"  # jobs behind a head answered "not now" may try; the head asks first again
+
+
+class NeverFits(StrEnum):
+    """What becomes of a held job the cluster could never hold (no node group fits one of its pods)."""
+
+    HOLD = "Hold"  # it stays held, with the autoscaler's words, out of its queue's way
+    FAIL = "Fail"  # state Failed, with the autoscaler's words
+
+
+DEFAULT_QUEUE = "default"
 
 
 class State(StrEnum):

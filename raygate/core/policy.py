@@ -114,6 +114,30 @@ class Limits(_Strict):
     )
 
 
+class QueuePolicy(_Strict):
+    """One queue held jobs wait in, in order: priority, then creation time (raygate.core.queueing)."""
+
+    strategy: keys.QueueStrategy = Field(
+        keys.QueueStrategy.BEST_EFFORT_FIFO,
+        description="StrictFIFO: only the job at the front asks the cluster-autoscaler for capacity; nobody passes "
+        "it. BestEffortFIFO: once the front job is answered \"not now\", the next jobs may try one at a time (not "
+        "one that asks at least as much of the same nodes), and when capacity frees the front asks first again.",
+    )
+    lookahead: int = Field(
+        8, ge=0, le=1000,
+        description="BestEffortFIFO: most jobs behind the front that may have a request out at once.",
+    )
+    never_fits: keys.NeverFits = Field(
+        keys.NeverFits.HOLD,
+        description="A job no node group can ever fit (the cluster-autoscaler says so of its pods): Hold keeps it "
+        "held with that reason, out of the queue's way; Fail marks it Failed.",
+    )
+
+
+def _default_queues() -> dict[str, QueuePolicy]:
+    return {keys.DEFAULT_QUEUE: QueuePolicy()}
+
+
 class NamespacePolicy(_Strict):
     """What raygate does in one namespace."""
 
@@ -142,6 +166,15 @@ class NamespacePolicy(_Strict):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     max_gang: dict[str, str] | None = Field(
         None, description="Largest gang allowed, per resource (e.g. nvidia.com/gpu: \"64\"); larger is refused."
+    )
+    queue: str = Field(
+        keys.DEFAULT_QUEUE, min_length=1,
+        description="The queue (in `queues`) this namespace's held jobs wait in where raygate books capacity. Not "
+        "Kueue's or Volcano's queue (that is queueName).",
+    )
+    default_priority_class_name: str | None = Field(
+        None, description="PriorityClass of a job that names none (label ray.io/priority-class-name, or its head "
+        "pod's priorityClassName): its place in the queue. Unset: the cluster's global default, else 0.",
     )
     fix_shutdown_after_job_finishes: bool = Field(
         False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
@@ -249,6 +282,11 @@ class RaygateConfig(_Strict):
     )
     failure_policy: Literal["Fail", "Ignore"] = Field(
         "Fail", description="Webhook failurePolicy written into the webhook configurations."
+    )
+    queues: dict[str, QueuePolicy] = Field(
+        default_factory=_default_queues,
+        description="The queues held jobs wait in, by name; each namespace's `queue` names one. One, `default`, "
+        "unless you define others (for separate node pools or teams).",
     )
     defaults: NamespacePolicy = Field(default_factory=NamespacePolicy)
     namespaces: dict[str, dict[str, Any]] = Field(

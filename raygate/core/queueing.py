@@ -20,18 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from raygate.core import keys, podgate
+from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key, get
 from raygate.core.workload import Gang, Manages, Workload
 
 Shape = Mapping[tuple[str, str], int]  # (placement digest, managed request per pod) -> pods
-
-
-class Strategy(StrEnum):
-    STRICT_FIFO = "StrictFIFO"
-    BEST_EFFORT_FIFO = "BestEffortFIFO"
 
 
 @dataclass(frozen=True)

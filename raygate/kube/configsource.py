@@ -37,6 +37,11 @@ class ConfigSource:
         self.seen_version = ""  # resourceVersion of the newest ConfigMap version handled, good or bad
         self._on_result = on_result  # called with the problems, [] when a version was accepted
         self._informer: Informer | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_loaded(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (no arguments) after every new config is swapped in."""
+        self._listeners.append(listener)
 
     @property
     def config(self) -> RaygateConfig:
@@ -80,6 +85,8 @@ class ConfigSource:
         self.generation += 1
         log.info("config loaded", extra={"configmap": f"{self.namespace}/{keys.CONFIGMAP_NAME}",
                                          "generation": self.generation})
+        for listener in self._listeners:
+            listener()
         return True
 
     def _on_event(self, kind: str, obj: JSON) -> None:

@@ -447,6 +447,7 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "create", (LEASES,), SYS),
     *_cases((RC,), "get list watch", ("configmaps",), SYS),
     *_cases((RC,), "get list watch", ("namespaces",), CLUSTER),
+    *_cases((RC,), "get list watch", ("priorityclasses.scheduling.k8s.io",), CLUSTER),  # a job's place in its queue
     # Bookings live as long as their pods; DRA claims are counted from their templates.
     *_cases((RC,), "list watch", ("pods", "resourceclaimtemplates.resource.k8s.io"), ALL),
     *_cases((RC,), "get patch", ("pods",), ML),

@@ -22,9 +22,15 @@ def problems(text: str) -> list[str]:
 INVALID = [
     # (name, config.yaml, the problem lines that must be reported, each as a prefix "path: ...")
     ("unknown_top_level_key", "surprise: 1\n", ["surprise: Extra inputs are not permitted"]),
-    ("unknown_key_in_defaults", "defaults:\n  queue: q\n", ["defaults.queue: Extra inputs are not permitted"]),
-    ("unknown_key_in_a_namespace_override", "namespaces:\n  team:\n    queue: q\n",
-     ["namespaces.team.queue: Extra inputs are not permitted"]),
+    ("unknown_key_in_defaults", "defaults:\n  lane: q\n", ["defaults.lane: Extra inputs are not permitted"]),
+    ("unknown_key_in_a_namespace_override", "namespaces:\n  team:\n    lane: q\n",
+     ["namespaces.team.lane: Extra inputs are not permitted"]),
+    ("a_namespace_in_a_queue_nobody_defined", "namespaces:\n  team:\n    queue: a100\n",
+     ["namespaces.team.queue: there is no queue 'a100': define it under `queues` (defined: default)"]),
+    ("queues_without_the_default_one", "queues:\n  a100: {}\n",
+     ["defaults.queue: there is no queue 'default'"]),
+    ("a_bad_strategy", "queues:\n  default:\n    strategy: Random\n",
+     ["queues.default.strategy: Input should be 'StrictFIFO' or 'BestEffortFIFO'"]),
     ("bad_mode", "defaults:\n  mode: slurm\n",
      ["defaults.mode: Input should be 'provisioning', 'volcano', 'kueue' or 'native'"]),
     ("bad_mode_in_override", "namespaces:\n  team:\n    mode: slurm\n", ["namespaces.team.mode: Input should be"]),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key
-from raygate.core.queueing import Strategy, Waiting, askers, ordered, turns
+from raygate.core.queueing import Waiting, askers, ordered, turns
 
 ONE_NODE = {("a100", "gpu=4"): 1}
 TWO_NODES = {("a100", "gpu=4"): 2}
