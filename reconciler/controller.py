@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
-from raygate.core import dra, identity, keys, logs, podgate
-from raygate.core.api import CLAIM_TEMPLATES, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
+from raygate.core import booking, dra, identity, keys, logs, podgate
+from raygate.core.api import CLAIM_TEMPLATES, EVENTS, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
 from raygate.core.modes import Prerequisite, all_group_rules, for_object
@@ -182,13 +182,18 @@ class Controller:
         self.queues = QueueIndex(on_change=self.queue.add)
         self.priority_classes = Informer(kube, PRIORITY_CLASSES, resync_seconds=rs, transform=_priority_view,
                                          handler=lambda event, obj: self._place_all())
+        # What the cluster-autoscaler said of a request it could not provision (NotTriggerScaleUp on the pods it
+        # simulated for it): a job no node group can hold is told apart from one that waits for capacity.
+        self.autoscaler_said = Informer(kube, EVENTS, field_selector=f"reason={booking.NOT_TRIGGERED_REASON}",
+                                        resync_seconds=rs, transform=_said_view, handler=self._said_event)
         config.on_loaded(self._place_all)
         self.events = EventSender(kube, busy=lambda: self.queue.busy())
         self._side = ThreadPoolExecutor(self.options.workers, thread_name_prefix="create")
 
     # --- lifecycle --------------------------------------------------------------------------------
     def _informers(self) -> list[Informer]:
-        caches = [*self.jobs.values(), *self.children.values(), *self.pods.all_informers(), self.priority_classes]
+        caches = [*self.jobs.values(), *self.children.values(), *self.pods.all_informers(), self.priority_classes,
+                  self.autoscaler_said]
         return caches if self.claim_templates is None else [*caches, self.claim_templates]
 
     def start_informers(self) -> None:
@@ -332,6 +337,25 @@ class Controller:
         for kind, inf in self.jobs.items():
             for namespace, name in inf.cached_keys():
                 self._place(Key(kind, namespace, name))
+
+    def _said_event(self, event: str, obj: JSON) -> None:
+        """The autoscaler's words on a request: its job decides again (it may never fit)."""
+        request = booking.request_of_simulated_pod(str(get(obj, ("involvedObject", "name")) or ""))
+        owner = self._request_owner(meta_str(obj, "namespace"), request) if request else None
+        if owner is not None and event != "DELETED":
+            self.queue.add(owner)
+
+    def _said(self, namespace: str, requests: list[JSON]) -> dict[str, str]:
+        """The autoscaler's latest NotTriggerScaleUp words on each of these requests."""
+        names = {meta_str(r, "name") for r in requests}
+        latest: dict[str, tuple[str, str]] = {}
+        for e in self.autoscaler_said.iter_items():
+            request = booking.request_of_simulated_pod(str(get(e, ("involvedObject", "name")) or ""))
+            if request in names and meta_str(e, "namespace") == namespace:
+                when = str(e.get("lastTimestamp") or "")
+                if request not in latest or when >= latest[request][0]:
+                    latest[request] = (when, str(e.get("message") or ""))
+        return {r: m for r, (_, m) in latest.items()}
 
     def _priorities(self) -> tuple[dict[str, int], int]:
         """PriorityClass values by name, and the cluster's global default (0 without one)."""
@@ -635,15 +659,18 @@ class Controller:
             served=self.served,
             bound={meta_str(g, "name"): self.pods.bound(namespace, meta_str(g, "name"))
                    for kind in self.group_kinds for g in kids.get(kind, ())},
-            **self._turn(key),
+            **self._turn(key, every),
         )
 
-    def _turn(self, key: Key | None) -> dict[str, Any]:
-        """The job's turn in its queue, the queue, and when its capacity last freed (Observed's fields)."""
+    def _turn(self, key: Key | None, requests: list[JSON]) -> dict[str, Any]:
+        """The job's turn in its queue, the queue, when its capacity last freed, what the queue does with a job
+        that never fits, and what the autoscaler said of its requests (Observed's fields)."""
         name = self.queues.queue_of(key) if key is not None else None
         if key is None or name is None:
             return {}
-        return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name)}
+        queue = self.config.config.queues.get(name) or QueuePolicy()
+        return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name),
+                "never_fits": queue.never_fits, "said": self._said(key.namespace, requests)}
 
     def _release(self, namespace: str, action: ReleasePod) -> None:
         """Lift a pod's gate. The patch tests the gate it removes: one already lifted (by another replica, or
@@ -695,6 +722,12 @@ def _flush(run: list[Create]) -> Iterator[Action | list[Create]]:
 
 def _fields(key: Key) -> dict[str, str]:
     return {"kind": key.kind, "namespace": key.namespace, "object": key.name}
+
+
+def _said_view(obj: JSON) -> JSON:
+    return {"metadata": {k: metadata(obj).get(k) for k in ("name", "namespace")},
+            "involvedObject": {"name": get(obj, ("involvedObject", "name"))}, "message": obj.get("message"),
+            "lastTimestamp": obj.get("lastTimestamp")}
 
 
 def _priority_view(obj: JSON) -> JSON:

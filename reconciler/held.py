@@ -479,14 +479,39 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     if (answered is not None and obs.freed and obs.freed > timestamp(answered)) or stale:
         return _withdraw(w, obs, needs, attempt, rounds, "capacity freed since the autoscaler's last answer: it "
                          "asks again" if not stale else f"asks again after {timeout:g}s without capacity")
+    said = obs.said.get(name, "")
+    if said and booking.never_fits(said):
+        return _never_fits(w, obs, rules, name, said, plan)
     msg = f": {provisioned.message}" if provisioned.message else ""
     reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
-        "for capacity to free"
+        "for capacity to free" + (f" (cluster-autoscaler: {said})" if said else "")
     if w.annotations.get(keys.REASON_ANNOTATION) != reason:
         b = builder(w)
         b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
         plan.actions.append(patch_step(b, Step.HOLD))
     if answered is not None:
         plan.requeue(timeout - (now - answered).total_seconds())
+    plan.outcome = Outcome.WAITING
+    return plan
+
+
+def _never_fits(w: Workload, obs: Observed, rules: ObjectRules, name: str, said: str, plan: Plan) -> Plan:
+    """The cluster-autoscaler says no node group could hold a pod of the job, as the node groups are. Its queue's
+    `neverFits` says what then: Fail, or Hold it out of the way of the jobs behind, its request kept (the
+    autoscaler keeps trying it, so a node group added or grown later still runs it)."""
+    why = f"no node group of the cluster-autoscaler can hold its pods ({said})"
+    if obs.never_fits is keys.NeverFits.FAIL:
+        return fail(w, obs, rules, f"ProvisioningRequest {name}: {why}", event_reason="NeverFits",
+                    restartable=True)
+    if w.annotations.get(keys.NEVER_FITS_ANNOTATION) == name:
+        plan.outcome = Outcome.WAITING
+        return plan
+    b = builder(w)
+    b.set(annotation(keys.NEVER_FITS_ANNOTATION), name)
+    b.set(annotation(keys.REASON_ANNOTATION), f"{why}; it stays held, out of the way of the jobs behind it in queue "
+          f"{obs.queue}, until the node groups change or it is deleted")
+    plan.actions += [patch_step(b, Step.HOLD),
+                     Emit("NeverFits", f"{why}: held out of queue {obs.queue}'s way", warning=True,
+                          name=children.event_name(w, "NeverFits", name))]
     plan.outcome = Outcome.WAITING
     return plan

@@ -161,6 +161,8 @@ class Observed:
     turn: Turn | None = None  # its turn in its queue (None: in none, as where raygate books nothing)
     queue: str = ""  # the queue's name
     freed: str = ""  # RFC 3339: when capacity of its queue last freed (answers before it are out of date)
+    never_fits: keys.NeverFits = keys.NeverFits.HOLD  # its queue's word on a job no node group can hold
+    said: Mapping[str, str] = field(default_factory=dict)  # request -> the autoscaler's NotTriggerScaleUp words
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if name_of(r) == name), None)

@@ -8,6 +8,7 @@ the request is built is the reconciler's, reconciler/children.py.)
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -105,3 +106,31 @@ def consumed_ops(request: Mapping[str, Any], now: dt.datetime) -> list[PatchOp]:
                  "lastTransitionTime": now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     return [{"op": "test", "path": "/status/conditions", "value": current},
             {"op": "add", "path": "/status/conditions/-", "value": condition}]
+
+
+# --- the cluster-autoscaler's words on a request it cannot provision ------------------------------------------
+
+# The best-effort-atomic class simulates a request's pods as pods named `<request>-<pod set index>-<i>`, and when
+# no node group can be scaled up for one it records an Event on it (reason NotTriggerScaleUp, from
+# cluster-autoscaler) saying why, per node group: "pod didn't trigger scale-up: 1 max node group size reached,
+# 2 node(s) didn't match Pod's node affinity/selector". (check-capacity records none.)
+NOT_TRIGGERED_REASON = "NotTriggerScaleUp"
+# Why a node group was not scaled up that can change without anyone touching the job: capacity in use, a
+# backoff, a cluster-wide limit. Every other reason is the node group's template refusing the pod (too small,
+# the wrong labels, a taint), which only a change of the node groups or of the job can change.
+NOT_NOW = ("max node group size reached", "in backoff after failed scale-up", "not ready for scale-up",
+           "max cluster", "max total nodes", "all-or-nothing", "not safe to scale up")
+_FAKE_POD = re.compile(r"^(?P<request>.+)-\d+-\d+$")
+
+
+def request_of_simulated_pod(pod_name: str) -> str | None:
+    """The request a pod the cluster-autoscaler simulated for it is named after."""
+    found = _FAKE_POD.match(pod_name)
+    return found.group("request") if found else None
+
+
+def never_fits(message: str) -> bool:
+    """The autoscaler's NotTriggerScaleUp message says no node group could ever hold the pod (as the node groups
+    are): every node group it names refused the pod's shape, none is only full, backing off or limited."""
+    said = message.partition(":")[2].strip()
+    return bool(said) and not any(marker in said for marker in NOT_NOW)

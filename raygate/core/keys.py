@@ -16,6 +16,9 @@ POD_GROUP_ANNOTATION = f"{DOMAIN}/pod-group"  # JSON PodGroup spec recorded by t
 MODE_ANNOTATION = f"{DOMAIN}/mode"  # the mode the webhook applied
 REQUEST_ANNOTATION = f"{DOMAIN}/provisioning-request"
 ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
+# On a held job: the request the cluster-autoscaler said no node group can hold (NotTriggerScaleUp): the job
+# waits out of its queue's way (queues.<name>.neverFits: Hold).
+NEVER_FITS_ANNOTATION = f"{DOMAIN}/never-fits"
 # The times this attempt's request was withdrawn, or asked again, by the job's queue: part of the request's name.
 ROUND_ANNOTATION = f"{DOMAIN}/round"
 REASON_ANNOTATION = f"{DOMAIN}/reason"

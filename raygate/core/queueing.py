@@ -39,6 +39,7 @@ class Waiting:
     uid: str
     answered: str | None = None  # when the autoscaler last answered its request "not now" (Provisioned=False)
     shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
+    parked: bool = False  # no node group can hold it: it keeps its request, out of the way of the jobs behind
 
     @property
     def order(self) -> tuple[int, str, str]:
@@ -84,8 +85,10 @@ SCAN = 1000
 def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[Key]:
     """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
     waits, behind the job right ahead of it."""
+    parked = [j.key for j in queue if j.parked]
+    queue = [j for j in queue if not j.parked]
     if not queue:
-        return []
+        return parked
     asking = [queue[0]]
     if strategy is Strategy.BEST_EFFORT_FIFO:
         for job in queue[1:SCAN]:
@@ -94,7 +97,7 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
                 break
             if not any(covers(job.shape, a.shape) for a in asking):  # else it could not fit either
                 asking.append(job)
-    return [j.key for j in asking]
+    return [*parked, *(j.key for j in asking)]
 
 
 def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[Key, Turn]:

@@ -443,6 +443,7 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "list watch", (GANG_WORKLOADS, GANG_PODGROUPS), ALL),
     *_cases((RC,), "get list watch", ("queues.scheduling.volcano.sh",), CLUSTER),
     *_cases((RC,), "create patch", EVENTS, ML),
+    *_cases((RC,), "list watch", ("events",), ALL),  # the cluster-autoscaler's NotTriggerScaleUp words
     *_cases((RC,), "get update", (f"{LEASES}/{keys.LEADER_LEASE}",), SYS),
     *_cases((RC,), "create", (LEASES,), SYS),
     *_cases((RC,), "get list watch", ("configmaps",), SYS),

@@ -154,3 +154,17 @@ def test_a_booking_every_pod_of_which_runs_bound_has_done_its_work() -> None:
     assert plan(one_pending, [request("gang", 2, *PROVISIONED)]).consumed == []  # b still needs its booking
     done = request("gang", 2, *PROVISIONED, ("BookingExpired", "True"))
     assert plan(bound, [done]).consumed == []  # marked once
+
+
+def test_the_autoscalers_words_tell_never_from_not_now() -> None:
+    from raygate.core import booking
+
+    assert booking.request_of_simulated_pod("toobig-529712ff-a1-0-0") == "toobig-529712ff-a1"
+    assert booking.request_of_simulated_pod("train-abc-a1r2-1-12") == "train-abc-a1r2"
+    assert booking.request_of_simulated_pod("plain") is None
+    assert booking.never_fits("pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu")
+    assert booking.never_fits("pod didn't trigger scale-up: 2 node(s) didn't match Pod's node affinity/selector")
+    assert not booking.never_fits("pod didn't trigger scale-up: 1 max node group size reached")
+    assert not booking.never_fits("pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu, 1 max node group "
+                                  "size reached")  # one group is only full: it may fit later
+    assert not booking.never_fits("something else")

@@ -88,3 +88,20 @@ def test_a_provisioned_request_is_admitted_whatever_the_turn() -> None:
     pr = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
     plan = decide(w, in_queue(SECOND, requests=(pr,), templates=templates(w)), policy(), NOW)
     assert plan.outcome is Outcome.ADMITTED  # the booking exists: nothing is gained by giving it back
+
+
+def test_a_job_no_node_group_can_hold_says_so_and_is_held_out_of_the_way_or_failed() -> None:
+    w = provisioning()
+    pr = not_now(w, NOW - dt.timedelta(seconds=10))
+    said = {pr["metadata"]["name"]: "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu"}  # type: ignore[index]
+    obs = in_queue(FRONT, requests=(pr,), templates=templates(w), said=said)
+    plan = decide(w, obs, policy(), NOW)
+    assert "event NeverFits" in kinds(plan)
+    after = applied(w, plan)["metadata"]["annotations"]
+    assert after[keys.NEVER_FITS_ANNOTATION] == pr["metadata"]["name"]  # type: ignore[index]
+    assert "no node group of the cluster-autoscaler can hold its pods (pod didn't trigger scale-up: 1 " \
+           "Insufficient nvidia.com/gpu)" in after[keys.REASON_ANNOTATION]
+    failing = decide(w, replace(obs, never_fits=keys.NeverFits.FAIL), policy(), NOW)
+    assert applied(w, failing)["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
+    busy = {pr["metadata"]["name"]: "pod didn't trigger scale-up: 1 max node group size reached"}  # type: ignore[index]
+    assert "event NeverFits" not in kinds(decide(w, replace(obs, said=busy), policy(), NOW))

@@ -69,3 +69,9 @@ def test_best_effort_bounds_how_many_jobs_behind_the_head_ask() -> None:
     queue = [job("head", 0, not_now=True, shape=TWO_NODES)]
     queue += [job(f"j{i}", i, not_now=True, shape={(f"pool{i}", "gpu=1"): 1}) for i in range(1, 6)]
     assert may_ask(queue, Strategy.BEST_EFFORT_FIFO, lookahead=2) == ["head", "j1", "j2"]
+
+
+def test_a_job_no_node_group_can_hold_keeps_its_request_out_of_the_way_of_the_jobs_behind() -> None:
+    parked = Waiting(Key("RayJob", "ns", "toobig"), 0, "2030-01-01T00:00:00Z", "uid-toobig", None, ONE_NODE, True)
+    queue = [parked, job("q1", 1), job("q2", 2)]
+    assert may_ask(queue, Strategy.STRICT_FIFO) == ["toobig", "q1"]
