@@ -245,6 +245,7 @@ def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, nee
                   rules.policy.provisioning.class_name)
     b.set(("spec", "suspend"), False)
     b.set(STATE_PATH, keys.State.ADMITTED.value)
+    b.remove(annotation(keys.NEVER_FITS_ANNOTATION))
     b.set(annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
     b.remove(annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
@@ -470,6 +471,9 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     autoscaler's backoff for one request never grows past it)."""
     attempt, rounds = attempt_round
     name = w.annotations.get(keys.REQUEST_ANNOTATION) or ""
+    if keys.NEVER_FITS_ANNOTATION in w.annotations:
+        plan.outcome = Outcome.WAITING  # out of the way, its request kept: the autoscaler tries it now and then
+        return plan
     if provisioned is None or provisioned.true or not provisioned.reason:
         plan.outcome = Outcome.WAITING  # not answered yet: its turn at the autoscaler
         return plan
@@ -503,11 +507,8 @@ def _never_fits(w: Workload, obs: Observed, rules: ObjectRules, name: str, said:
     if obs.never_fits is keys.NeverFits.FAIL:
         return fail(w, obs, rules, f"ProvisioningRequest {name}: {why}", event_reason="NeverFits",
                     restartable=True)
-    if w.annotations.get(keys.NEVER_FITS_ANNOTATION) == name:
-        plan.outcome = Outcome.WAITING
-        return plan
     b = builder(w)
-    b.set(annotation(keys.NEVER_FITS_ANNOTATION), name)
+    b.set(annotation(keys.NEVER_FITS_ANNOTATION), said[:500])
     b.set(annotation(keys.REASON_ANNOTATION), f"{why}; it stays held, out of the way of the jobs behind it in queue "
           f"{obs.queue}, until the node groups change or it is deleted")
     plan.actions += [patch_step(b, Step.HOLD),

@@ -41,7 +41,7 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
     provisioned = conditions(request).get("Provisioned") if request is not None else None
     answered = provisioned.last_transition if provisioned is not None and not provisioned.true and \
         provisioned.reason else None
-    parked = bool(request) and w.annotations.get(keys.NEVER_FITS_ANNOTATION) == meta_str(request or {}, "name")
+    parked = keys.NEVER_FITS_ANNOTATION in w.annotations
     return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
                    w.uid, answered or None, shape, parked)
 

@@ -16,8 +16,9 @@ POD_GROUP_ANNOTATION = f"{DOMAIN}/pod-group"  # JSON PodGroup spec recorded by t
 MODE_ANNOTATION = f"{DOMAIN}/mode"  # the mode the webhook applied
 REQUEST_ANNOTATION = f"{DOMAIN}/provisioning-request"
 ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
-# On a held job: the request the cluster-autoscaler said no node group can hold (NotTriggerScaleUp): the job
-# waits out of its queue's way (queues.<name>.neverFits: Hold).
+# On a held job: the cluster-autoscaler's words (NotTriggerScaleUp) saying no node group can hold a pod of it. The
+# job waits out of its queue's way (queues.<name>.neverFits: Hold), its request kept, until it is admitted: once a
+# node group is at its maximum the autoscaler says only that, of a job that could never fit as of one that could.
 NEVER_FITS_ANNOTATION = f"{DOMAIN}/never-fits"
 # The times this attempt's request was withdrawn, or asked again, by the job's queue: part of the request's name.
 ROUND_ANNOTATION = f"{DOMAIN}/round"

@@ -98,10 +98,14 @@ def test_a_job_no_node_group_can_hold_says_so_and_is_held_out_of_the_way_or_fail
     plan = decide(w, obs, policy(), NOW)
     assert "event NeverFits" in kinds(plan)
     after = applied(w, plan)["metadata"]["annotations"]
-    assert after[keys.NEVER_FITS_ANNOTATION] == pr["metadata"]["name"]  # type: ignore[index]
+    assert after[keys.NEVER_FITS_ANNOTATION] == said[pr["metadata"]["name"]]  # type: ignore[index]
     assert "no node group of the cluster-autoscaler can hold its pods (pod didn't trigger scale-up: 1 " \
            "Insufficient nvidia.com/gpu)" in after[keys.REASON_ANNOTATION]
     failing = decide(w, replace(obs, never_fits=keys.NeverFits.FAIL), policy(), NOW)
     assert applied(w, failing)["metadata"]["labels"][keys.STATE_LABEL] == "Failed"
     busy = {pr["metadata"]["name"]: "pod didn't trigger scale-up: 1 max node group size reached"}  # type: ignore[index]
     assert "event NeverFits" not in kinds(decide(w, replace(obs, said=busy), policy(), NOW))
+
+    parked = provisioning(**{keys.NEVER_FITS_ANNOTATION: "pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu"})
+    freed = replace(obs, freed=NOW.strftime("%Y-%m-%dT%H:%M:%SZ"), said=busy)
+    assert kinds(decide(parked, freed, policy(), NOW)) == []  # it keeps its request; the autoscaler retries it
