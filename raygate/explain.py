@@ -157,7 +157,8 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
         except ManifestError:
             gang = None
     message = d.message
-    group = rules_of(config, namespace).group
+    rules = rules_of(config, namespace)
+    group = rules.group
     if d.allowed and message is None:
         message = "; ".join(d.warnings) or LEFT_ALONE.get(d.outcome)
     return {
@@ -166,7 +167,19 @@ def explain(obj: dict[str, Any], config: RaygateConfig, namespace: str,
         "patch": d.patch,
         "gang": gang.to_json() if gang is not None and d.outcome not in LEFT_ALONE else None,
         "groups": _groups(obj, group, served) if group is not None and d.allowed and d.patch else None,
+        "queue": _queue(config, rules, obj) if d.allowed and d.patch and rules.holds and rules.books else None,
     }
+
+
+def _queue(config: RaygateConfig, rules: ObjectRules, obj: dict[str, Any]) -> dict[str, Any]:
+    """The queue the object would wait in, its strategy, and the PriorityClass that orders it there."""
+    from raygate.core import queueing
+    from raygate.core.policy import QueuePolicy
+    from raygate.core.workload import Workload
+
+    name = rules.policy.queue
+    return {"name": name, "strategy": (config.queues.get(name) or QueuePolicy()).strategy.value,
+            "priorityClassName": queueing.priority_class_name(Workload(obj), rules.policy.default_priority_class_name)}
 
 
 def rules_of(config: RaygateConfig, namespace: str) -> ObjectRules:
@@ -216,6 +229,9 @@ def render_text(result: dict[str, Any], obj: dict[str, Any], namespace: str, rul
         for op in result["patch"]:
             value = f" {json.dumps(op['value'], sort_keys=True)}" if "value" in op else ""
             lines.append(f"  {op['op']:<6} {op['path']}{value}")
+    if (queue := result.get("queue")) is not None:
+        lines.append(f"queue: {queue['name']} ({queue['strategy']}), by priority "
+                     f"{queue['priorityClassName'] or '(no PriorityClass: the cluster default)'}, then creation time")
     gang = result["gang"]
     if gang is not None:
         lines += _gang_table(gang, obj)

@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from raygate.core import keys
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 SHOWN_STATES = (keys.State.PENDING, keys.State.PROVISIONING, keys.State.FAILED)
 SELECTOR = keys.STATE_LABEL  # admitted objects too: one whose scale-up or gang waits is shown with that reason
-COLUMNS = ("NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON")
+COLUMNS = ("NAMESPACE", "NAME", "STATE", "QUEUE", "POSITION", "AHEAD", "ATTEMPT", "WAITING", "GANG", "REASON")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,6 +60,7 @@ class Held:
     reason: str
     provisioning_request: str
     pod_groups: tuple[GroupVerdict, ...] = ()
+    place: Place | None = None  # its place in its queue, while it is held there
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -68,11 +69,25 @@ class Held:
             "attempt": d["attempt"], "creationTimestamp": d["created"], "waitingSeconds": d["waiting_seconds"],
             "reason": d["reason"], "provisioningRequest": d["provisioning_request"] or None,
             "podGroups": [g.as_json() for g in self.pod_groups],
+            "queue": None if self.place is None else {
+                "name": self.place.queue, "position": self.place.position, "length": self.place.length,
+                "ahead": self.place.ahead, "priority": self.place.priority},
         }
 
     @property
     def gang(self) -> str:
         return "; ".join(g.summary for g in self.pod_groups) or "-"
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a held job stands in its queue, computed when asked (raygate writes no position on the jobs)."""
+
+    queue: str
+    position: int  # 1 is the front
+    length: int
+    ahead: str | None  # the job right ahead of it
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -177,7 +192,9 @@ def human_duration(seconds: int) -> str:
 
 def render_table(rows: list[Held], out: TextIO) -> None:
     table = [COLUMNS] + [
-        (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, "-" if r.attempt is None else str(r.attempt),
+        (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, r.place.queue if r.place else "-",
+         f"{r.place.position}/{r.place.length}" if r.place else "-",
+         (r.place.ahead or "-") if r.place else "-", "-" if r.attempt is None else str(r.attempt),
          human_duration(r.waiting_seconds), r.gang, r.reason or "-")
         for r in rows
     ]
@@ -239,8 +256,59 @@ def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -
         except ApiError as err:
             raise _explain(err, kube, res, namespace) from None
         rows += held_from(res.kind, listed, now, by_owner)
-    rows.sort(key=lambda r: (r.namespace, -r.waiting_seconds, r.kind, r.name))
+    places = queue_places(kube, namespace)
+    rows = [replace(r, place=places.get((r.kind, r.namespace, r.name))) for r in rows]
+    rows.sort(key=lambda r: (r.namespace, r.place.queue if r.place else "~", r.place.position if r.place else 0,
+                             -r.waiting_seconds, r.kind, r.name))
     return rows
+
+
+def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str], Place]:
+    """Every held job's place in its queue, from the objects as the reconciler reads them: the held jobs of every
+    namespace (a queue spans namespaces), raygate's config and the PriorityClasses. A user who may not list
+    those everywhere gets the places among what they may list."""
+    from raygate.core import queueing
+    from raygate.core.api import CONFIGMAPS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS
+    from raygate.core.config import parse_config
+    from raygate.core.modes import for_object
+    from raygate.core.objects import Key, with_kind
+    from raygate.core.policy import DEFAULT_CONFIG
+    from raygate.core.workload import Workload
+    from raygate.kube.client import ApiError
+    from raygate.reconciler.queues import waiting_of
+
+    def listed(res: Resource, where: str | None, **selector: str) -> list[JSON]:
+        try:
+            return list(kube.list(res, where, **selector).get("items") or [])
+        except ApiError as err:
+            if err.status == 403 and where is None and namespace is not None:
+                return listed(res, namespace, **selector)
+            if err.status in (403, 404):
+                return []
+            raise
+    try:
+        cm = kube.get(CONFIGMAPS, keys.CONFIGMAP_NAME, keys.SYSTEM_NAMESPACE)
+        config = parse_config(str((cm.get("data") or {}).get(keys.CONFIGMAP_KEY, "")))
+    except (ApiError, ValueError):
+        config = DEFAULT_CONFIG  # unreadable here: the reconciler's own view may differ, the order does not
+    classes = {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None)}
+    default = next((int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None) if c.get("globalDefault")), 0)
+    queues: dict[str, list[queueing.Waiting]] = {}
+    held = ",".join(s.value for s in keys.HELD_STATES)
+    for res in (RAYJOBS, RAYCLUSTERS):
+        for obj in listed(res, None, labelSelector=f"{keys.STATE_LABEL} in ({held})"):
+            w = Workload(with_kind(obj, res.kind, res.api_version))
+            rules = for_object(config.policy_for(w.namespace), w.annotations)
+            waiting = waiting_of(Key(res.kind, w.namespace, w.name), w, rules, classes, default, None)
+            if waiting is not None:
+                queues.setdefault(rules.policy.queue, []).append(waiting)
+    out: dict[tuple[str, str, str], Place] = {}
+    for name, jobs in queues.items():
+        order = queueing.ordered(jobs)
+        for i, job in enumerate(order):
+            out[(job.key.kind, job.key.namespace, job.key.name)] = Place(
+                name, i + 1, len(order), order[i - 1].name if i else None, job.priority)
+    return out
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

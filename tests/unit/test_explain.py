@@ -50,8 +50,9 @@ def test_json_shows_verdict_patch_and_gang(tmp_path: Path, capsys: pytest.Captur
     obj = anchor_job().obj()
     code, result = explain_json(capsys, "-f", write(tmp_path, obj))
     assert code == 0
-    assert set(result) == {"allowed", "message", "patch", "gang", "groups"}
+    assert set(result) == {"allowed", "message", "patch", "gang", "groups", "queue"}
     assert result["groups"] is None  # provisioning mode: no group object
+    assert result["queue"] == {"name": "default", "strategy": "BestEffortFIFO", "priorityClassName": None}
     assert (result["allowed"], result["message"]) == (True, None)
     patched = jsonpatch.apply_patch(obj, result["patch"])
     assert patched["spec"]["suspend"] is True

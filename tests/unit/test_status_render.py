@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from raygate.core import keys
-from raygate.status import groups_by_owner, held_from, human_duration, render_json, render_table
+from raygate.status import Place, groups_by_owner, held_from, human_duration, render_json, render_table
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -84,12 +85,23 @@ def test_table_aligns_columns_and_keeps_the_whole_reason() -> None:
     out = io.StringIO()
     render_table(rows, out)
     lines = out.getvalue().splitlines()
-    assert lines[0].split() == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON"]
+    assert lines[0].split() == ["NAMESPACE", "NAME", "STATE", "QUEUE", "POSITION", "AHEAD", "ATTEMPT", "WAITING",
+                                "GANG", "REASON"]
     starts = {line.index(cell) for line, cell in zip(lines, ["STATE", "Pending", "Failed"], strict=True)}
     assert len(starts) == 1, lines
-    assert lines[1].split()[:5] == ["ml", "rayjob/a", "Pending", "-", "10m"]
+    assert lines[1].split()[:8] == ["ml", "rayjob/a", "Pending", "-", "-", "-", "-", "10m"]
     assert lines[2].endswith("ProvisioningRequest failed: x y")
-    assert lines[2].split()[3:5] == ["12", "2d"]
+    assert lines[2].split()[6:8] == ["12", "2d"]
+
+
+def test_a_held_jobs_place_in_its_queue_is_shown() -> None:
+    (row,) = held_from("RayJob", [obj("a", "Pending")], NOW)
+    placed = replace(row, place=Place("default", 3, 7, "RayJob ml/ahead", 100))
+    out = io.StringIO()
+    render_table([placed], out)
+    assert out.getvalue().splitlines()[1].split()[3:7] == ["default", "3/7", "RayJob", "ml/ahead"]
+    assert placed.as_json()["queue"] == {"name": "default", "position": 3, "length": 7, "ahead": "RayJob ml/ahead",
+                                         "priority": 100}
 
 
 def test_json_output() -> None:
@@ -99,7 +111,7 @@ def test_json_output() -> None:
     assert doc["items"] == [{
         "namespace": "ml", "kind": "RayJob", "name": "a", "state": "Pending", "attempt": None,
         "creationTimestamp": "2025-06-01T11:50:00Z", "waitingSeconds": 600, "reason": "",
-        "provisioningRequest": None, "podGroups": [],
+        "provisioningRequest": None, "podGroups": [], "queue": None,
     }]
 
 
