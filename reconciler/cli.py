@@ -183,7 +183,8 @@ def _serve_metrics(kube: Kube, controller: Controller, port: int) -> ThreadingHT
     from raygate.reconciler import metrics
 
     server = metrics.serve(port, controller.not_ready)
-    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube, controller.queue.waiting))
+    REGISTRY.register(metrics.StateCollector(controller.all_jobs, kube, controller.queue.waiting,
+                                             controller.queue_metrics))
     return server
 
 

@@ -357,6 +357,13 @@ class Controller:
                     latest[request] = (when, str(e.get("message") or ""))
         return {r: m for r, (_, m) in latest.items()}
 
+    def queue_metrics(self) -> dict[str, tuple[int, float]]:
+        """Per queue: its held jobs, and how long its oldest has waited (seconds)."""
+        now = self.clock()
+        oldest = self.queues.oldest()
+        return {name: (n, max((now - t).total_seconds(), 0.0) if (t := parse_time(oldest.get(name))) else 0.0)
+                for name, n in self.queues.lengths().items()}
+
     def _priorities(self) -> tuple[dict[str, int], int]:
         """PriorityClass values by name, and the cluster's global default (0 without one)."""
         classes = {meta_str(o, "name"): int(o.get("value") or 0) for o in self.priority_classes.iter_items()}
@@ -595,7 +602,10 @@ class Controller:
         if step is Step.ADMIT:
             created = parse_time(get(w.obj, ("metadata", "creationTimestamp")))
             if created is not None:
-                metrics.ADMISSION_SECONDS.labels(w.kind).observe(max((now - created).total_seconds(), 0.0))
+                waited = max((now - created).total_seconds(), 0.0)
+                metrics.ADMISSION_SECONDS.labels(w.kind).observe(waited)
+                if (queue := self.queues.queue_of(Key(w.kind, w.namespace, w.name))) is not None:
+                    metrics.HELD_SECONDS.labels(queue).observe(waited)
 
     def _create(self, action: Create) -> bool:
         """Create a child; AlreadyExists is success (a replay after a crash). True when newly created."""

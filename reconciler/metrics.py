@@ -35,6 +35,12 @@ ADMISSION_SECONDS = Histogram(
     ["kind"],
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600),
 )
+HELD_SECONDS = Histogram(
+    "raygate_reconciler_held_seconds",
+    "Seconds a job waited in its queue, from its creation to its admission, by queue.",
+    ["queue"],
+    buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600),
+)
 # Where a job's time goes inside raygate: waiting for a worker, then waiting on the API server.
 # A queue wait near zero while requests take long says the API server is the bottleneck, not raygate.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -60,10 +66,13 @@ class StateCollector(Collector):
     the API requests made and the jobs waiting for a worker, read at scrape time too."""
 
     def __init__(self, jobs: Callable[[], Iterable[JSON]], kube: Kube,
-                 queue_depth: Callable[[], int] = lambda: 0) -> None:
+                 queue_depth: Callable[[], int] = lambda: 0,
+                 queues: Callable[[], dict[str, tuple[int, float]]] = dict) -> None:
+        """`queues`: per queue of held jobs, its length and how long its oldest job has waited (seconds)."""
         self._jobs = jobs
         self._kube = kube
         self._queue_depth = queue_depth
+        self._queues = queues
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         counts: Tally[str] = Tally()
@@ -80,6 +89,15 @@ class StateCollector(Collector):
         yield c
         yield GaugeMetricFamily("raygate_reconciler_queue_depth", "Jobs waiting in the work queue for a worker.",
                                 value=self._queue_depth())
+        length = GaugeMetricFamily("raygate_queue_length", "Held jobs waiting in each queue.", labels=["queue"])
+        oldest = GaugeMetricFamily("raygate_queue_oldest_wait_seconds",
+                                   "How long the job that has waited longest in each queue has waited.",
+                                   labels=["queue"])
+        for name, (n, waited) in sorted(self._queues().items()):
+            length.add_metric([name], n)
+            oldest.add_metric([name], waited)
+        yield length
+        yield oldest
 
 
 def serve(port: int, ready: Callable[[], list[str]]) -> ThreadingHTTPServer:
