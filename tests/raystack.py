@@ -31,6 +31,9 @@ class RayStack:
     def state(self, ns: str, kind: str, name: str) -> str:
         return str((self.get(ns, kind, name)["metadata"].get("labels") or {}).get(keys.STATE_LABEL))
 
+    def reason(self, ns: str, kind: str, name: str) -> str:
+        return str((self.get(ns, kind, name)["metadata"].get("annotations") or {}).get(keys.REASON_ANNOTATION, ""))
+
     def wait_state(self, ns: str, kind: str, name: str, want: str, timeout: float = 120) -> JSON:
         wait(lambda: self.state(ns, kind, name) == want, timeout, f"{kind} {ns}/{name} to be {want}", interval=0.5)
         return self.get(ns, kind, name)
