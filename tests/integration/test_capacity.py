@@ -155,11 +155,16 @@ def gang_rule_holds(stack: Stack) -> Iterator[None]:
 
 
 def assert_gang_rule(stack: Stack) -> None:
-    """Every GPU pod consumes the Provisioned request its job names, and sits on a node with GPUs."""
+    """Every GPU pod raygate released consumes the Provisioned request its job names, and sits on a node with GPUs;
+    every other one is gated, and holds no GPU. (A gated pod names no booking: raygate writes that when it lifts
+    the gate.)"""
     nodes = stack.nodes()
     for ns in NS.values():
         for pod in gpu_pods(stack.kube.list(PODS, ns).get("items") or []):
             name = pod["metadata"]["name"]
+            if gated(pod):
+                assert not pod["spec"].get("nodeName"), f"gated GPU pod {ns}/{name} is bound"
+                continue
             consumed = (pod["metadata"].get("annotations") or {}).get(keys.CONSUME_ANNOTATION)
             assert consumed, f"GPU pod {ns}/{name} runs without a ProvisioningRequest"
             pr = stack.request(ns, consumed)

@@ -147,6 +147,10 @@ def test_webhook_configuration(
         "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
         "operations": ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"],
         "scope": "Namespaced",
+    }, {  # KubeRay's batch Jobs: the Ray object their pods serve, stamped at creation and guarded on update
+        "apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"],
+        "operations": ["CREATE"] if kind == "MutatingWebhookConfiguration" else ["CREATE", "UPDATE"],
+        "scope": "Namespaced",
     }]
     assert hook["clientConfig"]["service"] == {
         "name": keys.WEBHOOK_SERVICE, "namespace": keys.SYSTEM_NAMESPACE, "path": path, "port": 443,
