@@ -26,6 +26,7 @@ from raygate.core import keys
 from raygate.core.api import PODS, RAYCLUSTERS, RAYJOBS, provisioning_requests
 from raygate.core.objects import JSON
 from raygate.kube.client import Kube
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "bench-capacity"
 P99_TARGET_S = {20: 60.0, 100: 240.0}  # create -> every pod Running, with a 1 s autoscaler scan
@@ -104,7 +105,7 @@ def run_one(n: int, timeout: float) -> dict[str, Any]:
         assert state is not None
         start_capacity(cp, state, layout)
         ensure_config(cp)
-        start_webhook(cp, workers=2)
+        start_webhook(cp, workers=WORKERS, threads=THREADS)
         start_reconciler(cp)
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")

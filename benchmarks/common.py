@@ -334,6 +334,34 @@ class PeakSampler:
         self._sample()
 
 
+# A busy neighbour: one process per core that never sleeps, at the same priority as everything else, as
+# another tenant's workload on a shared node (production nodes are not idle).
+HOG_CODE = "while True:\n    pass\n"
+
+
+class CpuHog:
+    """`cores` processes spinning on the CPU while it is entered; `cpu_cores` says how much they got."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.cpu_cores = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> CpuHog:
+        self.procs = [subprocess.Popen([sys.executable, "-c", HOG_CODE]) for _ in range(self.cores)]
+        self._started = time.monotonic()
+        time.sleep(0.5)  # spinning before anything is measured
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.monotonic() - self._started
+        self.cpu_cores = cpu_seconds([p.pid for p in self.procs]) / max(elapsed, 1e-9)
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
 # --- the control plane -------------------------------------------------------------------------
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -389,22 +417,24 @@ def add_static_gpu_nodes(cp: Any, kube: Any, group: str, count: int, gpus: int, 
     until(lambda: ready() == count, timeout, f"the {count} {group} GPU nodes Ready", 0.5)
 
 
-def start_raygate(cp: Any, config: Mapping[str, Any], namespaces: Sequence[str]) -> None:
-    """raygate's webhook (2 workers) and reconciler on the control plane `cp`, with `config` as raygate-config,
+def start_raygate(cp: Any, config: Mapping[str, Any], namespaces: Sequence[str]) -> Any:
+    """raygate's webhook (as shipped) and reconciler on the control plane `cp`, with `config` as raygate-config,
     and `namespaces` created and opted in."""
     import yaml
 
     from raygate.core import keys
     from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
+    from raygate.webhook.cli import THREADS, WORKERS
 
     ensure_system_namespace(cp)
     cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
                f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(dict(config))}")
-    start_webhook(cp, workers=2)
+    hook = start_webhook(cp, workers=WORKERS, threads=THREADS)
     start_reconciler(cp)
     for ns in namespaces:
         cp.kubectl("create", "namespace", ns)
         cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
+    return hook
 
 
 # --- waiting on a Ray cluster -----------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from raygate.core.api import LEASES, RAYJOBS, Resource
 from raygate.core.objects import JSON, get, metadata
 from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 from raygate.kube.informer import Informer
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "held-jobs"
 RSS_TARGET_MB = 200.0
@@ -176,7 +177,7 @@ def run(jobs: int, timeout: float) -> dict[str, Any]:
         pr_res = _pr_resource(kube)
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        raygate_local.start_webhook(cp, workers=2, threads=8)
+        raygate_local.start_webhook(cp, workers=WORKERS, threads=THREADS)
         raygate_local.start_reconciler(cp)
         first = cp.load_state().pids["raygate-reconciler"]
         _wait_leader(kube, first)

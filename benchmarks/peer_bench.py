@@ -42,6 +42,7 @@ from raygate.core.api import RAYJOBS, Resource
 from raygate.core.objects import JSON, metadata
 from raygate.kube.client import MERGE_PATCH, Kube
 from raygate.kube.informer import Informer
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "peer-jobs"
 SIDES = ("raygate", "kueue", "kueue-helm")
@@ -63,7 +64,7 @@ FLAVOR, CHECK, CLUSTER_QUEUE, LOCAL_QUEUE = "default-flavor", "gpu-provisioning"
 QUOTA = {"cpu": "10M", "memory": "10Ei", GPU: "10M"}  # ample: quota never decides anything here
 TARGET_RATIO = 1.0  # raygate is at least as fast as Kueue on every row
 # The raygate side as it ships: `raygate webhook` defaults to 2 workers x 8 threads in the chart.
-RAYGATE_WEBHOOK = {"workers": 2, "threads": 8}
+RAYGATE_WEBHOOK = {"workers": WORKERS, "threads": THREADS}
 
 
 def kueue_objects(namespace: str, class_name: str) -> list[JSON]:

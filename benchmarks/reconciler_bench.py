@@ -63,6 +63,7 @@ from raygate.core.objects import JSON, get, metadata
 from raygate.kube import discovery
 from raygate.kube.client import MERGE_PATCH, ApiError, Kube
 from raygate.kube.informer import Informer
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "bench-jobs"
 P99_TARGET_S = 0.25
@@ -434,7 +435,7 @@ def _start_raygate(cp: Any, kube: Kube, reconciler_args: tuple[str, ...]) -> tup
 
     cp.kubectl("create", "namespace", NAMESPACE)
     cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-    raygate_local.start_webhook(cp, workers=2, threads=8)
+    raygate_local.start_webhook(cp, workers=WORKERS, threads=THREADS)
     raygate_local.start_reconciler(cp, *reconciler_args)
     state = cp.load_state()
     if state is None or "raygate-reconciler" not in state.pids:

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
+    pg = p.add_argument_group("podgate")
+    pg.add_argument("--hog-cores", type=int, default=1,
+                    help="also serve the pod webhook beside a CPU hog of this many cores (processes that spin at "
+                         "normal priority, a busy neighbour); 0: idle only (default %(default)s)")
     so = p.add_argument_group("soak")
     so.add_argument("--soak-minutes", type=float, default=30.0,
                     help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "

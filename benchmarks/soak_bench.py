@@ -54,6 +54,7 @@ from raygate.core.conditions import raw_conditions
 from raygate.core.errors import RaygateError
 from raygate.core.objects import JSON, controller_ref, get, meta_str
 from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
+from raygate.webhook.cli import THREADS, WORKERS
 
 if TYPE_CHECKING:
     from raygate.devenv.controlplane import ControlPlane, State
@@ -248,7 +249,7 @@ def start_stack(cp: ControlPlane) -> Stack:
     if kube.served(keys.DRA_GROUP, keys.DRA_VERSION):
         for ns in NAMESPACES:
             kube.create(CLAIM_TEMPLATES, claim_template(ns), ns)
-    hook = start_webhook(cp, workers=2)
+    hook = start_webhook(cp, workers=WORKERS, threads=THREADS)
     start_reconciler(cp)
     state = cp.load_state()
     assert state is not None

@@ -26,6 +26,7 @@ from raygate.core import keys
 from raygate.core.api import PODGROUPS, PODS, RAYCLUSTERS
 from raygate.core.objects import JSON
 from raygate.kube.client import Kube
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "bench-volcano"
 P99_TARGET_S = {20: 30.0}  # create -> every pod Running, with Volcano's 1 s scheduling cycle
@@ -97,7 +98,7 @@ def run_one(n: int, timeout: float) -> dict[str, Any]:
         cp.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE)
         cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
                    f"--from-literal={keys.CONFIGMAP_KEY}={yaml.safe_dump(CONFIG)}")
-        start_webhook(cp, workers=2)
+        start_webhook(cp, workers=WORKERS, threads=THREADS)
         start_reconciler(cp)
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")

@@ -32,6 +32,7 @@ from benchmarks.samples import admission_review, rayjob
 from raygate.core import keys
 from raygate.core.modes import Mode
 from raygate.core.policy import NamespacePolicy, RaygateConfig
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "bench"
 OPT_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
@@ -406,7 +407,7 @@ def bench_peer(*, warmup: float, duration: float, client_processes: int) -> list
     with common.control_plane() as cp:
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        hook = raygate_local.start_webhook(cp, workers=2, threads=8, register=False, name="raygate-webhook")
+        hook = raygate_local.start_webhook(cp, workers=WORKERS, threads=THREADS, register=False, name="raygate-webhook")
         _wait_all_workers_ready(hook, 2)
         kueue = start_kueue(cp)
         state = cp.load_state()

@@ -15,6 +15,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from raygate.core import logs
+from raygate.webhook.cli import THREADS, WORKERS
 from raygate.webhook.limits import DEFAULT_MAX_BODY, BodyLimits
 from raygate.webhook.tls import gunicorn_ssl_context
 
@@ -27,8 +28,8 @@ class ServerOptions:
     key_file: str
     bind: str = "0.0.0.0"
     port: int = 9443
-    workers: int = 2
-    threads: int = 8
+    workers: int = WORKERS
+    threads: int = THREADS
     kubeconfig: str | None = None
     namespace: str = "raygate-system"
     log_level: str = "info"
