@@ -12,8 +12,8 @@ from raygate.webhook.limits import DEFAULT_MAX_BODY
 
 # What `raygate webhook` runs with unless told otherwise (the Deployment and the chart pass no flags for them),
 # and what the benchmarks measure as shipped.
-WORKERS = 2
-THREADS = 8
+WORKERS = 1
+THREADS = 4
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

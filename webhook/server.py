@@ -38,6 +38,8 @@ class ServerOptions:
 
 
 def _child_exit(server: Any, worker: Any) -> None:
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
@@ -55,7 +57,10 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "workers": o.workers,
             "worker_class": "raygate.webhook.worker.KeepAliveThreadWorker",  # gthread, one tweak: see there
             "threads": o.threads,
-            "keepalive": 65,  # longer than the API server's idle connection reuse
+            # Longer than the API server keeps an idle connection (its webhook client is client-go's transport:
+            # IdleConnTimeout 90 s, from net/http's default): the client closes first, so a review is never sent
+            # on a connection the server is closing, which fails it (a POST is not retried).
+            "keepalive": 120,
             "timeout": 30,
             "graceful_timeout": 20,
             "certfile": o.cert_file,
@@ -122,10 +127,12 @@ def preload() -> None:
 
 
 def serve(options: ServerOptions) -> None:
-    """Run until SIGTERM. prometheus_client's multiprocess directory is set before any import of it."""
+    """Run until SIGTERM. prometheus_client's multiprocess directory (several workers) is set before any import
+    of it."""
     import tempfile
 
     base = options.worker_tmp_dir or None
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
+    if options.workers > 1:  # one worker answers /metrics from its own registry: no value files to share
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
     preload()
     WebhookServer(options).run()
