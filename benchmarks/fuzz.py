@@ -1,6 +1,6 @@
 """Fuzz the served webhook: damaged AdmissionReviews over keep-alive TLS, and what came back.
 
-`raygate webhook` runs as it ships (gunicorn, 2 workers x 8 threads, TLS) on a local control plane.
+`raygate webhook` runs as it ships (gunicorn, its default workers x threads, TLS) on a local control plane.
 Client processes send realistic RayJob and RayCluster reviews damaged at random (wrong types at any
 path, fields removed, huge numbers and quantities, deep nesting, broken or cut JSON, bytes that are
 not UTF-8, bogus operations, kinds and uids), each on its own keep-alive connection, and check every

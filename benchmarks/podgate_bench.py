@@ -1,7 +1,7 @@
 """What the gate at the pod costs: the pod webhook's latency, a gang's Provisioned -> every pod bound with
 the gate and without it, and a scale-up's pods from creation to bound on the real cluster-autoscaler.
 
-1. Pod reviews served over TLS (the shipped webhook, 2 workers x 8 threads): a CREATE of a GPU worker pod
+1. Pod reviews served over TLS (the shipped webhook, one worker x 4 threads): a CREATE of a GPU worker pod
    as KubeRay makes it, which the webhook gates, at concurrency 1 and 8. Target p99 <= 5 ms at 8.
 2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
    the moment its request is Provisioned to every worker bound, once with the pod gate and once without
