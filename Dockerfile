@@ -40,9 +40,13 @@ LABEL org.opencontainers.image.title="raygate" \
 
 # No .pyc writes at run time (the root filesystem is read-only in the Deployments; pip compiled
 # the bytecode at install time) and unbuffered logs, so a crash never loses its last lines.
+# MALLOC_ARENA_MAX: glibc gives each thread that allocates an arena of its own (up to 8 per core); two
+# are plenty for processes whose threads mostly wait (the GIL runs one at a time), and the reconciler
+# with its 64 workers held about 4 MB less (docs/benchmarks.md, "The whole footprint").
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    MALLOC_ARENA_MAX=2
 
 # Install from the builder's wheels only (--no-index: no second resolution against the
 # network). The wheels are bind-mounted, not copied, so they never become an image layer.

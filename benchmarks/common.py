@@ -334,6 +334,34 @@ class PeakSampler:
         self._sample()
 
 
+# A busy neighbour: one process per core that never sleeps, at the same priority as everything else, as
+# another tenant's workload on a shared node (production nodes are not idle).
+HOG_CODE = "while True:\n    pass\n"
+
+
+class CpuHog:
+    """`cores` processes spinning on the CPU while it is entered; `cpu_cores` says how much they got."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.cpu_cores = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> CpuHog:
+        self.procs = [subprocess.Popen([sys.executable, "-c", HOG_CODE]) for _ in range(self.cores)]
+        self._started = time.monotonic()
+        time.sleep(0.5)  # spinning before anything is measured
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.monotonic() - self._started
+        self.cpu_cores = cpu_seconds([p.pid for p in self.procs]) / max(elapsed, 1e-9)
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
 # --- the control plane -------------------------------------------------------------------------
 
 def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -389,22 +417,24 @@ def add_static_gpu_nodes(cp: Any, kube: Any, group: str, count: int, gpus: int, 
     until(lambda: ready() == count, timeout, f"the {count} {group} GPU nodes Ready", 0.5)
 
 
-def start_raygate(cp: Any, config: Mapping[str, Any] | str | None, namespaces: Sequence[str], *, workers: int = 2,
-                  threads: int = 8, reconciler: Sequence[str] = ()) -> Any:
-    """raygate's webhook (`workers` x `threads`) and reconciler (with the arguments `reconciler`) on the control
-    plane `cp`, with `config` as raygate-config (a mapping or its YAML; None: no ConfigMap, so raygate's defaults),
-    and `namespaces` created and opted in. Returns the webhook (raygate_local.LocalWebhook)."""
+def start_raygate(cp: Any, config: Mapping[str, Any] | str | None, namespaces: Sequence[str], *,
+                  workers: int | None = None, threads: int | None = None, reconciler: Sequence[str] = ()) -> Any:
+    """raygate's webhook (`workers` x `threads`, as shipped unless given) and reconciler (with the arguments
+    `reconciler`) on the control plane `cp`, with `config` as raygate-config (a mapping or its YAML; None: no
+    ConfigMap, so raygate's defaults), and `namespaces` created and opted in. Returns the webhook
+    (raygate_local.LocalWebhook)."""
     import yaml
 
     from raygate.core import keys
     from raygate.devenv.raygate_local import ensure_system_namespace, start_reconciler, start_webhook
+    from raygate.webhook.cli import THREADS, WORKERS
 
     ensure_system_namespace(cp)
     if config is not None:
         text = config if isinstance(config, str) else yaml.safe_dump(dict(config))
         cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
                    f"--from-literal={keys.CONFIGMAP_KEY}={text}")
-    hook = start_webhook(cp, workers=workers, threads=threads)
+    hook = start_webhook(cp, workers=workers or WORKERS, threads=threads or THREADS)
     start_reconciler(cp, *reconciler)
     for ns in namespaces:
         cp.kubectl("create", "namespace", ns)

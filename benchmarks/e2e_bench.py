@@ -607,9 +607,9 @@ DIFFERENCES = (
     "check-capacity (raygate's default) never adds a node.",
     "raygate gates every GPU pod (scheduling gate raygate.io/capacity) until its reconciler lifts it against the "
     "booking; Kueue has no such gate: its pods go to the scheduler as KubeRay creates them.",
-    "raygate's webhook is a process of its own (gunicorn, 2 workers x 8 threads, as shipped) besides its reconciler "
-    "(defaults: 64 workers, leader election on); Kueue serves its webhooks from its one controller process "
-    "(its defaults, leader election off, as raygate's tests run it).",
+    "raygate's webhook is a process of its own (gunicorn: a master and one worker of 4 threads, as shipped) "
+    "besides its reconciler (defaults: 64 workers, leader election on); Kueue serves its webhooks from its one "
+    "controller process (its defaults, leader election off, as raygate's tests run it).",
     "Kueue reserves quota before it makes a request: its ClusterQueue has quota no run can use up, so the check "
     "always passes (raygate has no quota).",
     "Retries: raygate's defaults (a request still not Provisioned 1800 s after the autoscaler first answered it "

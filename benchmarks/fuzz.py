@@ -1,6 +1,6 @@
 """Fuzz the served webhook: damaged AdmissionReviews over keep-alive TLS, and what came back.
 
-`raygate webhook` runs as it ships (gunicorn, 2 workers x 8 threads, TLS) on a local control plane.
+`raygate webhook` runs as it ships (gunicorn, its default workers x threads, TLS) on a local control plane.
 Client processes send realistic RayJob and RayCluster reviews damaged at random (wrong types at any
 path, fields removed, huge numbers and quantities, deep nesting, broken or cut JSON, bytes that are
 not UTF-8, bogus operations, kinds and uids), each on its own keep-alive connection, and check every
@@ -37,6 +37,7 @@ from benchmarks.common import BenchError, Target
 from benchmarks.samples import admission_review, rayjob
 from benchmarks.webhook_bench import NAMESPACE, _Conn, _wait_all_workers_ready, http_request
 from raygate.core import keys
+from raygate.webhook.cli import THREADS, WORKERS
 
 BIG_BODY_MB = 50
 DEPLOYMENT = Path(__file__).resolve().parents[1] / "config" / "base" / "webhook-deployment.yaml"
@@ -303,7 +304,7 @@ def run_fuzz(total: int, seed: int, processes: int, threads: int) -> dict[str, A
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
         name = "raygate-webhook-fuzz"
-        hook = raygate_local.start_webhook(cp, workers=2, threads=8, register=False, name=name)
+        hook = raygate_local.start_webhook(cp, workers=WORKERS, threads=THREADS, register=False, name=name)
         _wait_all_workers_ready(hook, 2)
         state = cp.load_state()
         if state is None:

@@ -15,7 +15,7 @@ turns round after round, so a machine that gets busier or quieter shifts both al
 4. The controller's peak RSS (VmHWM): raygate's reconciler; Kueue's manager, which also serves its
    webhooks (raygate's webhook is a separate process, shown apart).
 
-The sides: raygate as shipped (webhook 2 workers x 8 threads, reconciler defaults); Kueue as
+The sides: raygate as shipped (webhook: one gunicorn worker of 4 threads, reconciler defaults); Kueue as
 raygate's tests run it (its built-in defaults); Kueue with the controller settings its own Helm chart
 ships (read from the pinned module). The JSON records every setting of each side.
 """
@@ -42,6 +42,7 @@ from raygate.core.api import RAYJOBS, Resource
 from raygate.core.objects import JSON, metadata
 from raygate.kube.client import MERGE_PATCH, Kube
 from raygate.kube.informer import Informer
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "peer-jobs"
 SIDES = ("raygate", "kueue", "kueue-helm")
@@ -62,8 +63,8 @@ GPU = "nvidia.com/gpu"
 FLAVOR, CHECK, CLUSTER_QUEUE, LOCAL_QUEUE = "default-flavor", "gpu-provisioning", "gpu-cq", "gpu-lq"
 QUOTA = {"cpu": "10M", "memory": "10Ei", GPU: "10M"}  # ample: quota never decides anything here
 TARGET_RATIO = 1.0  # raygate is at least as fast as Kueue on every row
-# The raygate side as it ships: `raygate webhook` defaults to 2 workers x 8 threads in the chart.
-RAYGATE_WEBHOOK = {"workers": 2, "threads": 8}
+# The raygate side as it ships: `raygate webhook`'s defaults (the chart passes no flags for them).
+RAYGATE_WEBHOOK = {"workers": WORKERS, "threads": THREADS}
 
 
 def kueue_objects(namespace: str, class_name: str) -> list[JSON]:
@@ -418,8 +419,9 @@ def kueue_version() -> str:
 DIFFERENCES = (
     "Kueue's jobs carry kueue.x-k8s.io/queue-name (its opt-in); raygate's namespace carries raygate's "
     "opt-in label: each side's documented way to manage a job, the RayJob is otherwise identical.",
-    "raygate's webhook runs as its own process (gunicorn 2 workers x 8 threads, as shipped); Kueue serves its "
-    "webhooks from the manager process: both sit in the path of every create and every update of a RayJob.",
+    "raygate's webhook runs as its own process (gunicorn: a master and one worker of 4 threads, as shipped); "
+    "Kueue serves its webhooks from the manager process: both sit in the path of every create and every update of "
+    "a RayJob.",
     "Kueue (defaults) runs with leader election off, as raygate's tests run it; Kueue (Helm chart) with the "
     "chart's leaderElection, clientConnection and groupKindConcurrency; raygate elects a leader (its default). "
     "Lease writes are left out of writes per job for every side.",

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
                    help="gunicorn WORKERSxTHREADS to try, the first judged against the targets "
-                        "(default: 2x8,1x8,3x4,2x16; raygate webhook ships with 2x8)")
+                        "(default: 1x4,1x8,2x8,2x4; raygate webhook ships with 1x4)")
     w.add_argument("--concurrency", type=_ints, default=None, help="client connections (default: 1,8,32)")
     w.add_argument("--duration", type=float, default=6.0, help="measured seconds per concurrency level")
     w.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each level")
@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
+    pg = p.add_argument_group("podgate")
+    pg.add_argument("--hog-cores", type=int, default=1,
+                    help="also serve the pod webhook beside a CPU hog of this many cores (processes that spin at "
+                         "normal priority, a busy neighbour); 0: idle only (default %(default)s)")
     so = p.add_argument_group("soak")
     so.add_argument("--soak-minutes", type=float, default=30.0,
                     help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "

@@ -3,7 +3,7 @@ then what raygate promises, checked on what is left.
 
 The stack is the one `raygate dev up --raygate` starts, on a fresh control plane: kube-scheduler, KWOK and
 the real cluster-autoscaler (kwok provider, a GPU node group of 0 to 4 nodes with 4 GPUs each), the
-KubeRay operator, raygate's webhook (2 workers) and reconciler. Three opted-in namespaces: one with the
+KubeRay operator, raygate's webhook (as shipped) and reconciler. Three opted-in namespaces: one with the
 defaults, one with maxGang 16 GPUs, one with small limits. Meanwhile, from one seeded random stream:
 
 - traffic: GPU RayJobs and RayClusters of varied shapes created (some larger than the node group), held

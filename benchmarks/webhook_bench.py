@@ -32,6 +32,7 @@ from benchmarks.samples import admission_review, rayjob
 from raygate.core import keys
 from raygate.core.keys import Mode
 from raygate.core.policy import NamespacePolicy, RaygateConfig
+from raygate.webhook.cli import THREADS, WORKERS
 
 NAMESPACE = "bench"
 OPT_IN = {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}
@@ -42,8 +43,9 @@ SERVED_P99_TARGET_MS = 10.0
 THROUGHPUT_TARGET = 1000.0
 TARGET_CONCURRENCY = 8
 
-# (workers, threads) to try, the one judged against the targets first: `raygate webhook` ships with 2 x 8.
-DEFAULT_SETTINGS = ((2, 8), (1, 8), (3, 4), (2, 16))
+# (workers, threads) to try, the one judged against the targets first: what `raygate webhook` ships with.
+
+DEFAULT_SETTINGS = ((WORKERS, THREADS), (1, 8), (2, 8), (2, 4))
 CONCURRENCY = (1, 8, 32)
 
 
@@ -396,7 +398,7 @@ def peer_bodies(n: int) -> dict[str, list[bytes]]:
 
 
 def bench_peer(*, warmup: float, duration: float, client_processes: int) -> list[dict[str, Any]]:
-    """raygate's /mutate and /validate (2 workers x 8 threads, as shipped) and Kueue's RayJob webhooks
+    """raygate's /mutate and /validate (as shipped: WORKERS x THREADS) and Kueue's RayJob webhooks
     (served by its manager, as shipped), one after another on one control plane, same reviews."""
     from raygate.devenv import kueue_local, raygate_local
     from raygate.devenv.kueue_local import start_kueue
@@ -406,8 +408,8 @@ def bench_peer(*, warmup: float, duration: float, client_processes: int) -> list
     with common.control_plane() as cp:
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        hook = raygate_local.start_webhook(cp, workers=2, threads=8, register=False, name="raygate-webhook")
-        _wait_all_workers_ready(hook, 2)
+        hook = raygate_local.start_webhook(cp, workers=WORKERS, threads=THREADS, register=False, name="raygate-webhook")
+        _wait_all_workers_ready(hook, WORKERS)
         kueue = start_kueue(cp)
         state = cp.load_state()
         if state is None:
@@ -470,7 +472,7 @@ def _wait_all_workers_ready(hook: Any, workers: int, timeout: float = 30) -> Non
 # --- report --------------------------------------------------------------------------------------
 
 def _pick(served: list[dict[str, Any]]) -> dict[str, Any]:
-    """The setting judged against the targets: the first one tried (by default 2 x 8, what
+    """The setting judged against the targets: the first one tried (by default what
     `raygate webhook` ships with); the others are a sweep to compare it with."""
     return served[0]
 

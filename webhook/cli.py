@@ -10,6 +10,11 @@ from raygate.core import keys
 from raygate.core.errors import RaygateError
 from raygate.webhook.body_limits import DEFAULT_MAX_BODY
 
+# What `raygate webhook` runs with unless told otherwise (the Deployment and the chart pass no flags for them),
+# and what the benchmarks measure as shipped.
+WORKERS = 1
+THREADS = 4
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -21,8 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--bind", default="0.0.0.0", help="address to listen on (default: %(default)s)")
     p.add_argument("--tls-cert-file", required=True, help="serving certificate (PEM); reloaded when it changes")
     p.add_argument("--tls-key-file", required=True, help="private key of the serving certificate (PEM)")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=8, help="threads per worker (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=WORKERS, help="worker processes (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=THREADS, help="threads per worker (default: %(default)s)")
     p.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)")
     p.add_argument(
         "--namespace", default=os.environ.get("POD_NAMESPACE", keys.SYSTEM_NAMESPACE),

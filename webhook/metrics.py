@@ -1,6 +1,6 @@
-"""Prometheus metrics of the webhook, shared across gunicorn worker processes.
+"""Prometheus metrics of the webhook, shared across gunicorn worker processes when there are several.
 
-prometheus_client's multiprocess mode aggregates the workers' values, so any worker answering
+With several workers, prometheus_client's multiprocess mode aggregates their values, so any worker answering
 /metrics reports the whole server. The directory must be set before prometheus_client is imported
 (the server does that in the gunicorn master).
 """

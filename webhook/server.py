@@ -16,6 +16,7 @@ from gunicorn.app.base import BaseApplication
 
 from raygate.core import logs
 from raygate.webhook.body_limits import DEFAULT_MAX_BODY, BodyLimits
+from raygate.webhook.cli import THREADS, WORKERS
 from raygate.webhook.tls import gunicorn_ssl_context
 
 log = logging.getLogger("raygate.webhook")
@@ -27,8 +28,8 @@ class ServerOptions:
     key_file: str
     bind: str = "0.0.0.0"
     port: int = 9443
-    workers: int = 2
-    threads: int = 8
+    workers: int = WORKERS
+    threads: int = THREADS
     kubeconfig: str | None = None
     namespace: str = "raygate-system"
     log_level: str = "info"
@@ -37,6 +38,8 @@ class ServerOptions:
 
 
 def _child_exit(server: Any, worker: Any) -> None:
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
@@ -54,7 +57,10 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "workers": o.workers,
             "worker_class": "raygate.webhook.worker.KeepAliveThreadWorker",  # gthread, one tweak: see there
             "threads": o.threads,
-            "keepalive": 65,  # longer than the API server's idle connection reuse
+            # Longer than the API server keeps an idle connection (its webhook client is client-go's transport:
+            # IdleConnTimeout 90 s, from net/http's default): the client closes first, so a review is never sent
+            # on a connection the server is closing, which fails it (a POST is not retried).
+            "keepalive": 120,
             "timeout": 30,
             "graceful_timeout": 20,
             "certfile": o.cert_file,
@@ -121,10 +127,12 @@ def preload() -> None:
 
 
 def serve(options: ServerOptions) -> None:
-    """Run until SIGTERM. prometheus_client's multiprocess directory is set before any import of it."""
+    """Run until SIGTERM. prometheus_client's multiprocess directory (several workers) is set before any import
+    of it."""
     import tempfile
 
     base = options.worker_tmp_dir or None
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
+    if options.workers > 1:  # one worker answers /metrics from its own registry: no value files to share
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
     preload()
     WebhookServer(options).run()

@@ -7,6 +7,11 @@ then replaces the current one in a single assignment; the server asks for the co
 connection (gunicorn's `ssl_context` hook does). Loading into the context handshakes are using
 would not do: OpenSSL sets the certificate and the key one after the other, and a handshake in
 between fails, as does every handshake after a `load_cert_chain` that failed halfway.
+
+Only the standard library's ssl and hashlib: the served certificate is named in logs by its SHA-256
+fingerprint (what `openssl x509 -noout -fingerprint -sha256` prints), not by fields read with the
+`cryptography` package, whose import alone cost the webhook's processes about 10 MB (docs/benchmarks.md,
+"The whole footprint"). Its serial and expiry are what `raygate certs status` shows.
 """
 
 from __future__ import annotations
@@ -19,16 +24,40 @@ import ssl
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from raygate.core.errors import RaygateError
-from raygate.core.pki import CertInfo, describe
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """The certificate new handshakes present."""
+
+    fingerprint: str  # SHA-256 of its DER, colon-separated upper-case hex, as openssl prints it
+
+
+_BEGIN, _END = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+
+
+def first_certificate(pem: bytes) -> Served | None:
+    """The first certificate of a PEM file, or None when it holds none that can be read."""
+    text = pem.decode("ascii", "replace")
+    start = text.find(_BEGIN)
+    end = text.find(_END, start)
+    if start < 0 or end < 0:
+        return None
+    try:
+        der = ssl.PEM_cert_to_DER_cert(text[start:end + len(_END)])
+    except ValueError:  # bad base64 (binascii.Error is one)
+        return None
+    return Served(hashlib.sha256(der).digest().hex(":").upper())
 
 
 def server_context() -> ssl.SSLContext:
@@ -75,7 +104,7 @@ class ReloadingContext:
         self._context: ssl.SSLContext | None = None
         self._lock = threading.Lock()
         self._tried: bytes | None = None  # hash of the content last tried, good or bad
-        self._loaded: CertInfo | None = None
+        self._loaded: Served | None = None
         self._last_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,7 +122,7 @@ class ReloadingContext:
         return self._context
 
     @property
-    def loaded(self) -> CertInfo:
+    def loaded(self) -> Served:
         """The certificate new handshakes present."""
         if self._loaded is None:
             raise RuntimeError("no certificate loaded")  # __init__ guarantees one
@@ -107,7 +136,7 @@ class ReloadingContext:
 
     def _load(self, cert: bytes, key: bytes) -> str | None:
         """Serve the pair from now on, in a context of its own; the error if it is unusable."""
-        info = describe(cert)
+        info = first_certificate(cert)
         if info is None:
             return f"{self.cert_file} holds no readable PEM certificate"
         fresh = server_context()
@@ -140,13 +169,12 @@ class ReloadingContext:
                     log.error(
                         "serving certificate not reloaded, keeping the current one",
                         extra={"cert_file": str(self.cert_file), "error": error,
-                               "serial": f"{self._loaded.serial:x}"},
+                               "sha256": self._loaded.fingerprint},
                     )
                 return False
             log.info(
                 "serving certificate loaded",
-                extra={"cert_file": str(self.cert_file), "serial": f"{self.loaded.serial:x}",
-                       "not_after": self.loaded.not_after.isoformat()},
+                extra={"cert_file": str(self.cert_file), "sha256": self.loaded.fingerprint},
             )
             return True
 

@@ -19,6 +19,8 @@ from raygate.devenv.controlplane import ControlPlane, alive, free_port
 from raygate.devenv.registration import configurations
 
 DEMO_NAMESPACE = "demo"
+# What the image sets for every raygate process (Dockerfile ENV), so the local stack runs as installed.
+IMAGE_ENV = {"MALLOC_ARENA_MAX": "2"}
 
 
 @dataclass
@@ -76,7 +78,7 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
         "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file), "--kubeconfig", str(cp.kubeconfig),
         "--namespace", keys.SYSTEM_NAMESPACE, "--workers", str(workers), "--threads", str(threads),
         "--worker-tmp-dir", str(cp.workdir / name),
-    ])
+    ], env=IMAGE_ENV)
     hook = LocalWebhook(f"https://127.0.0.1:{port}", ca_file)
     cp.wait_for(state, name, lambda: hook.readyz()[0] == 200, 30)
     if register:
@@ -120,7 +122,7 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
         "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0",
         # The local webhook is registered by URL with its own certificate: nothing to renew here.
         "--no-manage-certs", *as_user, *extra,
-    ])
+    ], env=IMAGE_ENV)
 
 
 def reconciler_metrics_port(cp: ControlPlane, name: str = "raygate-reconciler") -> int | None:

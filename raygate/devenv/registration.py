@@ -21,6 +21,24 @@ SKIP_RECONCILER = {
     f"'system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}'",
 }
 
+# A pod created with raygate's gate already on (the mutating webhook put it there, and no later one took it off)
+# and naming no booking passes validation for sure, unless it names a native-mode gang but not its PodGroup
+# (webhook/pods.py validate()): the API server need not send it. That is every GPU pod of an admitted gang, so it
+# halves the webhook calls of each of KubeRay's pod creates (one AdmissionReview, the mutating one, instead of
+# two). What it gives up: validation also compares the pod's ray-owner record with what raygate's mutation wrote,
+# which only a mutating webhook ordered after raygate's (an admin's, as trusted as the API server) could change.
+_NAMES_A_BOOKING = " || ".join(f"'{k}' in object.metadata.annotations"
+                               for k in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION))
+SKIP_GATED_POD_CREATE = {
+    "name": "not-a-gated-pod-create",
+    "expression": "!(request.operation == 'CREATE' && request.resource.group == '' && "
+    "request.resource.resource == 'pods' && has(object.spec.schedulingGates) && "
+    f"object.spec.schedulingGates.exists(g, g.name == '{keys.CAPACITY_GATE}') && "
+    f"!(has(object.metadata.annotations) && ({_NAMES_A_BOOKING})) && "
+    f"!(has(object.metadata.annotations) && '{keys.GANG_GROUP_ANNOTATION}' in object.metadata.annotations && "
+    "!(has(object.spec.schedulingGroup) && has(object.spec.schedulingGroup.podGroupName))))",
+}
+
 
 def namespace_selector() -> dict[str, Any]:
     # Opt-in by label; kube-system and raygate's own namespace are excluded even if labelled.
@@ -76,7 +94,7 @@ def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tup
         "webhooks": [{
             **_webhook("validate.raygate.io", {"url": f"{url}/validate", "caBundle": ca}, ["CREATE", "UPDATE"],
                        failure_policy, ["CREATE", "UPDATE"]),
-            "matchConditions": [SKIP_RECONCILER],
+            "matchConditions": [SKIP_RECONCILER, SKIP_GATED_POD_CREATE],
         }],
     }
     return mutating, validating
