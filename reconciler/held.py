@@ -477,9 +477,12 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     if provisioned is None or provisioned.true or not provisioned.reason:
         plan.outcome = Outcome.WAITING  # not answered yet: its turn at the autoscaler
         return plan
+    # The pinned autoscaler writes its answer anew on every loop (a fresh lastTransitionTime), so how long the
+    # job has waited counts from the first answer to this request, recorded on the job.
     answered = parse_time(provisioned.last_transition)
+    since = not_provisioned_since(w, name) or now
     timeout = rules.policy.provisioning.provisioned_timeout_seconds
-    stale = answered is not None and (now - answered).total_seconds() >= timeout
+    stale = (now - since).total_seconds() >= timeout
     if (answered is not None and obs.freed and obs.freed > timestamp(answered)) or stale:
         return _withdraw(w, obs, needs, attempt, rounds, "capacity freed since the autoscaler's last answer: it "
                          "asks again" if not stale else f"asks again after {timeout:g}s without capacity")
@@ -489,12 +492,14 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     msg = f": {provisioned.message}" if provisioned.message else ""
     reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
         "for capacity to free" + (f" (cluster-autoscaler: {said})" if said else "")
-    if w.annotations.get(keys.REASON_ANNOTATION) != reason:
+    recorded = f"{name} {precise_timestamp(since)}"
+    if w.annotations.get(keys.REASON_ANNOTATION) != reason or \
+            w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) != recorded:
         b = builder(w)
         b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
+        b.set(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION), recorded)
         plan.actions.append(patch_step(b, Step.HOLD))
-    if answered is not None:
-        plan.requeue(timeout - (now - answered).total_seconds())
+    plan.requeue(timeout - (now - since).total_seconds())
     plan.outcome = Outcome.WAITING
     return plan
 

@@ -11,6 +11,7 @@ from test_reconciler_decision import NOW, job, policy, provisioning, request, te
 
 from raygate.core import keys
 from raygate.core.queueing import Turn
+from raygate.core.workload import Workload
 from raygate.reconciler.plan import Observed, Outcome
 
 FRONT = Turn(True, 1, 3)
@@ -68,10 +69,14 @@ def test_not_now_for_longer_than_every_timeout_and_retry_is_still_held_never_fai
     plan = decide(w, in_queue(FRONT, requests=(pr,), templates=templates(w)), pol, NOW)
     assert plan.outcome is Outcome.WAITING and "patch fail" not in kinds(plan)
     assert "it waits for capacity to free" in reason(plan, w)
-    old = not_now(w, NOW - dt.timedelta(hours=5))  # far past provisionedTimeoutSeconds x (retries + 1)
-    plan = decide(w, in_queue(FRONT, requests=(old,), templates=templates(w)), pol, NOW)
+    # The autoscaler writes its answer anew on every loop: the wait counts from the first answer, which the job
+    # records, not from the answer's lastTransitionTime.
+    waited = Workload(applied(w, plan))
+    later = NOW + dt.timedelta(hours=5)  # far past provisionedTimeoutSeconds x (retries + 1)
+    fresh = not_now(w, later - dt.timedelta(seconds=5))
+    plan = decide(waited, in_queue(FRONT, requests=(fresh,), templates=templates(w)), pol, later)
     assert plan.outcome is Outcome.WITHDRAWN  # it asks again, as a new request, and stays held
-    assert applied(w, plan)["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
+    assert applied(waited, plan)["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
 
 
 def test_the_front_asks_again_when_capacity_freed_after_its_answer() -> None:
