@@ -90,7 +90,7 @@ class ScarceTracker(e2e_bench.Tracker):
             return
         if (meta.get("labels") or {}).get(keys.STATE_LABEL) == keys.State.FAILED:
             reason = (meta.get("annotations") or {}).get(keys.REASON_ANNOTATION) or "(no reason given)"
-            self._failed(name, f"raygate: {reason}")
+            self._failed(name, reason)
 
     def on_workload(self, kind: str, obj: JSON) -> None:
         super().on_workload(kind, obj)
@@ -99,7 +99,7 @@ class ScarceTracker(e2e_bench.Tracker):
         with self.changed:
             job = self.owners.job_of_workload.get(str(metadata(obj).get("name")))
         if job is not None:
-            self._failed(job, f"Kueue: Workload deactivated: {_kueue_reason(obj)}")
+            self._failed(job, f"Workload deactivated: {_kueue_reason(obj)}")
 
     def _failed(self, job: str, reason: str) -> None:
         with self.changed:
@@ -175,6 +175,18 @@ def overlap(span: tuple[float, float], window: Sequence[tuple[float, float]]) ->
     return sum(max(0.0, min(span[1], b) - max(span[0], a)) for a, b in window)
 
 
+def busy_at_once(spans: Sequence[tuple[float, float]], k: int) -> float:
+    """Seconds during which at least `k` of the spans were open at once."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    total, open_now, since = 0.0, 0, 0.0
+    for t, step in events:
+        if open_now >= k:
+            total += t - since
+        open_now += step
+        since = t
+    return total
+
+
 def figures(names: Sequence[str], marks: Mapping[str, Mapping[str, float]],
             nodes: Mapping[str, Mapping[str, float]], end: float, nodes_max: int) -> dict[str, Any]:
     """Everything the tables show, from the marks (seconds from the first create) and the GPU nodes seen.
@@ -189,6 +201,7 @@ def figures(names: Sequence[str], marks: Mapping[str, Mapping[str, float]],
     used = sum(overlap((m["running"], m.get("deleted", end)), window) for m in marks.values() if "running" in m)
     available = sum(overlap((v["added"], v.get("deleted", end)), window) for v in nodes.values() if "added" in v)
     ran = [marks[n]["running"] for n in names if "running" in marks[n]]
+    spans = [(m["running"], m.get("deleted", end)) for m in marks.values() if "running" in m]
     n = len(names)
     return {
         "order": started_order(names, marks),
@@ -202,6 +215,7 @@ def figures(names: Sequence[str], marks: Mapping[str, Mapping[str, float]],
         "gpu_node_seconds_used": round(used, 1),
         "gpu_node_seconds_available": round(available, 1),
         "gpu_node_seconds_at_group_max": round(nodes_max * waiting_s, 1),
+        "all_nodes_busy_s": round(busy_at_once(spans, nodes_max), 2),  # the group's max of jobs running at once
         "makespan_s": round(max(ran), 2) if len(ran) == n else math.nan,  # first create -> last Running
         "end_s": round(end, 2),
         "gpu_nodes_added": len(nodes),
@@ -313,6 +327,7 @@ def summary_table(runs: Sequence[Mapping[str, Any]]) -> str:
     row("  GPU node-s available (nodes that exist)", lambda r: f"{r['gpu_node_seconds_available']:,.0f}")
     row("  used / available", lambda r: _ratio(r["gpu_node_seconds_used"], r["gpu_node_seconds_available"]))
     row("  GPU node-s at the group's max", lambda r: f"{r['gpu_node_seconds_at_group_max']:,.0f}")
+    row(f"time {runs[0]['plan']['nodes_max']} jobs ran at once (the group's max)", lambda r: _s(r["all_nodes_busy_s"]))
     row("GPU nodes added / removed", lambda r: f"{r['gpu_nodes_added']} / {r['gpu_nodes_removed']}")
     row("jobs that needed a second request", lambda r: str(r["jobs_with_more_than_one_request"]))
     plan = runs[0]["plan"]
@@ -389,6 +404,9 @@ def settings_text(runs: Sequence[Mapping[str, Any]]) -> str:
                  f"a head (0.5 CPU) and {e2e_bench.WORKERS} workers of {e2e_bench.GPUS_PER_WORKER} GPUs; jobs "
                  f"created {plan['interval_s']:g} s apart; hold times seeded ({plan['seed']})")
     lines.append("Differences and why:")
+    if plan["raygate_config"] != e2e_bench.RAYGATE_CONFIG:
+        lines.append(f"- raygate ran with {plan['raygate_config_source']} (above): where it sets them, its settings "
+                     "replace raygate's defaults named below.")
     lines += [f"- {d}" for d in DIFFERENCES]
     return "\n".join(lines)
 

@@ -9,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from benchmarks.scarce_bench import Plan, ScarceTracker, figures, merge, overlap, pairs_out_of_order, passed_by
+from benchmarks.scarce_bench import (
+    Plan,
+    ScarceTracker,
+    busy_at_once,
+    figures,
+    merge,
+    overlap,
+    pairs_out_of_order,
+    passed_by,
+)
 
 NAMES = ["q1", "q2", "q3", "q4"]
 
@@ -45,6 +54,12 @@ def test_intervals_merge_and_overlap() -> None:
     assert overlap((10, 20), window) == 0.0
 
 
+def test_busy_at_once_counts_the_time_k_spans_overlap() -> None:
+    spans = [(0.0, 10.0), (5.0, 15.0), (8.0, 9.0)]
+    assert busy_at_once(spans, 1) == 15.0 and busy_at_once(spans, 2) == 5.0 and busy_at_once(spans, 3) == 1.0
+    assert busy_at_once([], 2) == 0.0
+
+
 def test_node_seconds_count_only_while_a_job_waits() -> None:
     # q1 created at 0, runs 1.5-20; q2 created at 1, waits until 21 (runs to 30); q3 created at 2, runs at 8.
     marks = {"q1": {"created": 0.0, "running": 1.5, "deleted": 20.0},
@@ -60,6 +75,7 @@ def test_node_seconds_count_only_while_a_job_waits() -> None:
     assert f["order"] == ["q1", "q3", "q2"] and f["pairs_out_of_order"] == 1
     assert f["waits_s"] == {"q1": 1.5, "q2": 20.0, "q3": 6.0} and f["makespan_s"] == 21.0
     assert (f["gpu_nodes_added"], f["gpu_nodes_removed"]) == (3, 1)
+    assert f["all_nodes_busy_s"] == 10.0  # q1 and q3 both ran from 8 to 18
 
 
 def test_a_failed_job_stops_waiting_and_leaves_the_makespan_open() -> None:
@@ -84,7 +100,7 @@ def test_a_raygate_job_that_failed_is_reported_with_its_reason() -> None:
     t = ScarceTracker({"q1", "q2"})
     t.on_job("MODIFIED", job("q1", {"raygate.io/state": "Provisioning"}, {"raygate.io/reason": "waiting"}))
     t.on_job("MODIFIED", job("q2", {"raygate.io/state": "Failed"}, {"raygate.io/reason": "timed out"}))
-    assert t.failed == {"q2": "raygate: timed out"} and "failed" in t.marks["q2"]
+    assert t.failed == {"q2": "timed out"} and "failed" in t.marks["q2"]
 
 
 def test_a_kueue_workload_deactivated_is_its_jobs_failure() -> None:
@@ -96,4 +112,4 @@ def test_a_kueue_workload_deactivated_is_its_jobs_failure() -> None:
     workload["spec"]["active"] = False
     workload["status"] = {"admissionChecks": [{"name": "gpu-provisioning", "state": "Rejected", "message": "no"}]}
     t.on_workload("MODIFIED", workload)
-    assert t.failed == {"q1": "Kueue: Workload deactivated: admission check gpu-provisioning Rejected: no"}
+    assert t.failed == {"q1": "Workload deactivated: admission check gpu-provisioning Rejected: no"}
