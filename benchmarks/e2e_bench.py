@@ -85,14 +85,14 @@ CONTROLLERS = {"raygate": ("raygate-webhook", "raygate-reconciler"), "kueue": ("
 TITLES = {"raygate": "raygate", "kueue": "Kueue"}
 
 
-def rayjob(name: str, side: str) -> JSON:
+def rayjob(name: str, side: str, namespace: str = NAMESPACE) -> JSON:
     """The same RayJob for both sides; Kueue's carries its queue label, its documented opt-in (raygate's
-    opt-in is a label on the namespace)."""
+    opt-in is a label on the namespace). One 4-GPU node's worth of GPU workers."""
     res = {"cpu": "1", "memory": "1Gi", GPU: str(GPUS_PER_WORKER)}
     head = {"cpu": "500m", "memory": "1Gi"}
     obj: JSON = {
         "apiVersion": "ray.io/v1", "kind": "RayJob",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {}},
         "spec": {
             "entrypoint": "python train.py", "shutdownAfterJobFinishes": True,
             "rayClusterSpec": {
@@ -139,7 +139,7 @@ class Tracker:
     owners: common.RequestOwners = field(init=False)
     job_of_cluster: dict[str, str] = field(default_factory=dict)
     pods: dict[str, dict[str, PodSeen]] = field(default_factory=dict)  # cluster -> pod -> state
-    nodes: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU node -> added / ready
+    nodes: dict[str, dict[str, float]] = field(default_factory=dict)  # GPU node -> added / ready / deleted
     changed: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
@@ -231,11 +231,13 @@ class Tracker:
 
         now = time.monotonic()
         meta = metadata(obj)
-        if kind == "DELETED" or (meta.get("labels") or {}).get(NODE_GROUP_LABEL) != GPU_GROUP:
+        if (meta.get("labels") or {}).get(NODE_GROUP_LABEL) != GPU_GROUP:
             return
         with self.changed:
             seen = self.nodes.setdefault(str(meta.get("name")), {"added": now})
-            if _true(obj, "Ready"):
+            if kind == "DELETED":  # scaled down (the scarce benchmark counts the node-seconds that were there)
+                seen.setdefault("deleted", now)
+            elif _true(obj, "Ready"):
                 seen.setdefault("ready", now)
 
     def count(self, what: str) -> int:
@@ -259,23 +261,26 @@ class Tracker:
 
 # --- one side on one stack -----------------------------------------------------------------------------
 
-def _setup(cp: Any, side: str, provisioned_timeout: float | None = None) -> dict[str, Any]:
-    """Start the side's processes on the stack; return the settings they run with."""
-    from benchmarks.peer_bench import RAYGATE_WEBHOOK, _wait_kueue_ready, kueue_objects
+def setup_side(cp: Any, side: str, *, config: str = RAYGATE_CONFIG, namespace: str = NAMESPACE,
+               quota: dict[str, str] | None = None, strategy: str | None = None) -> dict[str, Any]:
+    """Start the side's processes on the stack, for jobs in `namespace`; return the settings they run with.
+
+    raygate runs with `config` as raygate-config. Kueue's ClusterQueue (best-effort-atomic admission check on
+    GPU pod sets) has `quota` (default: ample) and queueingStrategy `strategy` (default: Kueue's own)."""
+    from benchmarks.peer_bench import QUOTA, RAYGATE_WEBHOOK, _wait_kueue_ready, kueue_objects
     from benchmarks.reconciler_bench import _kube, _wait_leader
     from raygate.devenv.kueue_local import client_defaults, start_kueue
 
     kube = _kube(str(cp.kubeconfig), 4)
     if side == "raygate":
-        config = raygate_config(provisioned_timeout)
-        common.start_raygate(cp, config, (NAMESPACE,), workers=RAYGATE_WEBHOOK["workers"],
+        common.start_raygate(cp, config, (namespace,), workers=RAYGATE_WEBHOOK["workers"],
                              threads=RAYGATE_WEBHOOK["threads"])
         _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
         return {"config": config, "webhook": RAYGATE_WEBHOOK,
                 "reconciler": "defaults (64 workers, leader election on)", "pod_gate": True}
-    cp.kubectl("create", "namespace", NAMESPACE)
+    cp.kubectl("create", "namespace", namespace)
     local = start_kueue(cp)
-    objs = kueue_objects(NAMESPACE, keys.BEST_EFFORT_ATOMIC_CLASS)
+    objs = kueue_objects(namespace, keys.BEST_EFFORT_ATOMIC_CLASS, quota or QUOTA, strategy)
     for obj in objs:
         if obj["kind"] == "LocalQueue":
             obj["metadata"]["name"] = LOCAL_QUEUE
@@ -284,6 +289,25 @@ def _setup(cp: Any, side: str, provisioned_timeout: float | None = None) -> dict
     return {"configuration": local.config, "queue_objects": objs,
             "effective_client_connection": {**client_defaults(cp.workdir / "kueue"),
                                             **(local.config.get("clientConnection") or {})}}
+
+
+def start_watches(cp: Any, tracker: Tracker, side: str, namespace: str = NAMESPACE) -> list[Informer]:
+    """The benchmark's own watches feeding `tracker` (jobs, requests, clusters and pods in `namespace`, GPU nodes,
+    and Kueue's Workloads on its side), started and synced."""
+    from benchmarks.reconciler_bench import _kube
+
+    handlers = [(RAYJOBS, tracker.on_job, namespace), (PR, tracker.on_request, namespace),
+                (RAYCLUSTERS, tracker.on_cluster, namespace), (PODS, tracker.on_pod, namespace),
+                (NODES, tracker.on_node, None)]
+    if side == "kueue":
+        handlers.append((WORKLOADS, tracker.on_workload, namespace))
+    watches = [Informer(_kube(str(cp.kubeconfig), 2), res, namespace=ns, handler=h, resync_seconds=3600)
+               for res, h, ns in handlers]
+    for w in watches:
+        w.start()
+    if not all(w.wait_synced(30) for w in watches):
+        raise BenchError("the benchmark's own watches did not sync")
+    return watches
 
 
 def _cpu(cp: Any) -> dict[str, float]:
@@ -372,7 +396,6 @@ def _wait_autoscaler_loops(address: str, loops: int, timeout: float) -> None:
 
 
 def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None = None) -> dict[str, Any]:
-    from benchmarks.reconciler_bench import _kube
     from raygate.devenv.capacity import Layout, start_capacity
 
     # Headroom over one node per job: the pinned autoscaler sometimes adds a node twice for one request
@@ -386,20 +409,10 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         if state is None:
             raise BenchError("the control plane lost its state file")
         start_capacity(cp, state, layout)
-        settings = _setup(cp, side, provisioned_timeout)
+        settings = setup_side(cp, side, config=raygate_config(provisioned_timeout))
         names = [f"train-{i:03d}" for i in range(n)]
         tracker = Tracker(set(names))
-        handlers = [(RAYJOBS, tracker.on_job, NAMESPACE), (PR, tracker.on_request, NAMESPACE),
-                    (RAYCLUSTERS, tracker.on_cluster, NAMESPACE), (PODS, tracker.on_pod, NAMESPACE),
-                    (NODES, tracker.on_node, None)]
-        if side == "kueue":
-            handlers.append((WORKLOADS, tracker.on_workload, NAMESPACE))
-        watches = [Informer(_kube(str(cp.kubeconfig), 2), res, namespace=ns, handler=h, resync_seconds=3600)
-                   for res, h, ns in handlers]
-        for w in watches:
-            w.start()
-        if not all(w.wait_synced(30) for w in watches):
-            raise BenchError("the benchmark's own watches did not sync")
+        watches = start_watches(cp, tracker, side)
         pids = cp.load_state().pids
         sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[side]}).start()
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)

@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,10 +68,18 @@ TARGET_RATIO = 1.0  # raygate is at least as fast as Kueue on every row
 RAYGATE_WEBHOOK = {"workers": WORKERS, "threads": THREADS}
 
 
-def kueue_objects(namespace: str, class_name: str) -> list[JSON]:
+def kueue_objects(namespace: str, class_name: str, quota: Mapping[str, str] = QUOTA,
+                  strategy: str | None = None) -> list[JSON]:
     """A ResourceFlavor, the ProvisioningRequest admission check (for GPU pod sets, the class raygate
-    uses), a ClusterQueue with ample quota that requires it, and a LocalQueue."""
+    uses), a ClusterQueue that requires it (with `quota`, ample by default, and queueingStrategy `strategy`,
+    Kueue's default BestEffortFIFO when None), and a LocalQueue."""
     api = "kueue.x-k8s.io/v1beta2"
+    cq_spec: JSON = {"namespaceSelector": {}, "resourceGroups": [{
+        "coveredResources": list(quota),
+        "flavors": [{"name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in quota.items()]}]}],
+        "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}
+    if strategy is not None:
+        cq_spec["queueingStrategy"] = strategy
     return [
         {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
         {"apiVersion": api, "kind": "ProvisioningRequestConfig", "metadata": {"name": CHECK},
@@ -78,11 +87,7 @@ def kueue_objects(namespace: str, class_name: str) -> list[JSON]:
         {"apiVersion": api, "kind": "AdmissionCheck", "metadata": {"name": CHECK},
          "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request",
                   "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": CHECK}}},
-        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
-         "spec": {"namespaceSelector": {}, "resourceGroups": [{
-             "coveredResources": list(QUOTA),
-             "flavors": [{"name": FLAVOR, "resources": [{"name": r, "nominalQuota": q} for r, q in QUOTA.items()]}]}],
-             "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]}}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE}, "spec": cq_spec},
         {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE, "namespace": namespace},
          "spec": {"clusterQueue": CLUSTER_QUEUE}},
     ]

@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, e2e, volcano, podgate, native, fuzz, soak).
+memory, startup, capacity, e2e, scarce, volcano, podgate, native, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -33,11 +33,21 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text!r}") from None
 
 
+def _floats2(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, e.g. 10,15: {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX: {text!r}")
+    return lo, hi
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "e2e",
-                            "volcano", "podgate", "native", "fuzz", "soak", "all"])
+                            "scarce", "volcano", "podgate", "native", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -81,6 +91,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated sides (default raygate,kueue)")
     e.add_argument("--e2e-provisioned-timeout", type=float, default=None,
                    help="raygate's provisionedTimeoutSeconds on the raygate side (default: raygate's default)")
+    sc = p.add_argument_group("scarce (issue 30: one-node jobs in order on a node group of max 2, raygate and Kueue)")
+    sc.add_argument("--scarce-jobs", type=int, default=20, help="one-node GPU RayJobs, created in order (default "
+                    "%(default)s)")
+    sc.add_argument("--scarce-nodes-max", type=int, default=2, help="the GPU node group's max (default %(default)s)")
+    sc.add_argument("--scarce-interval", type=float, default=2.0,
+                    help="seconds between two creates (default %(default)s; Kueue orders by creationTimestamp, "
+                         "which has whole seconds: keep it >= 1)")
+    sc.add_argument("--scarce-hold", type=_floats2, default=(10.0, 15.0),
+                    help="MIN,MAX seconds a job runs before it is deleted, drawn per job from --scarce-seed (default "
+                         "10,15)")
+    sc.add_argument("--scarce-seed", type=int, default=1, help="seed of the hold times (the same on both sides)")
+    sc.add_argument("--scarce-rounds", type=int, default=1, help="rounds, the sides taking turns (default %(default)s)")
+    sc.add_argument("--scarce-sides", type=lambda t: t.split(","), default=["raygate", "kueue"],
+                    help="comma-separated sides (default raygate,kueue)")
+    sc.add_argument("--scarce-raygate-config", metavar="FILE", default=None,
+                    help="raygate-config of the raygate side (default: the e2e benchmark's: provisioning mode, "
+                         "best-effort-atomic); the jobs run in namespace bench-scarce")
+    sc.add_argument("--scarce-timeout", type=float, default=1800.0,
+                    help="give up on a side after this many seconds (default %(default)s)")
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
@@ -109,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         peer_bench,
         podgate_bench,
         reconciler_bench,
+        scarce_bench,
         soak_bench,
         startup_bench,
         volcano_bench,
@@ -118,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     benches: dict[str, Callable[[Any], int]] = {
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
-        "capacity": capacity_bench.main, "e2e": e2e_bench.main, "volcano": volcano_bench.main,
+        "capacity": capacity_bench.main, "e2e": e2e_bench.main,
+        "scarce": scarce_bench.main, "volcano": volcano_bench.main,
         "podgate": podgate_bench.main, "native": native_bench.main,
         "fuzz": fuzz.main, "soak": soak_bench.main,
     }

@@ -1,11 +1,11 @@
 """`make bench` keeps printing what the project claims: the benchmarks run end to end, small.
 
-The burst, the side-by-side with Kueue and the end-to-end comparison on the real autoscaler run as `make
-bench` runs them (`python -m benchmarks.run`, their own fresh control planes), with a handful of jobs; the
-soak for 2 minutes instead of 30. Nothing
-here judges a figure: speed and memory live in `make bench`. What is asserted is what a reader of its
-output relies on: every job was admitted, the tables are printed, and the JSON holds the figures they
-show; and for the soak, the invariants it checks (they are correctness, not figures) all hold.
+The burst, the side-by-side with Kueue, the end-to-end comparison on the real autoscaler and the scarce-capacity
+comparison run as `make bench` runs them (`python -m benchmarks.run`, their own fresh control planes), with a
+handful of jobs; the soak for 2 minutes instead of 30. Nothing here judges a figure: speed and memory live in
+`make bench`. What is asserted is what a reader of its output relies on: every job was admitted, the tables are
+printed, and the JSON holds the figures they show; and for the soak, the invariants it checks (they are
+correctness, not figures) all hold.
 """
 
 from __future__ import annotations
@@ -123,3 +123,46 @@ def test_the_e2e_comparison_runs_every_job_on_both_sides_and_draws_its_pictures(
         picture = tmp_path / name
         assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG"
         assert str(picture) in report["pictures"]
+
+
+@pytest.mark.integration
+@pytest.mark.kuberay
+@pytest.mark.kueue
+@pytest.mark.timeout(960)  # run_bench gives up after 900 s
+def test_the_scarce_capacity_comparison_runs_every_job_in_turn_on_both_sides(tmp_path: Path) -> None:
+    out, report = run_bench(tmp_path, "scarce", "--scarce-jobs", "4", "--scarce-hold", "2,3")
+    runs = report["runs"]
+    assert sorted(r["side"] for r in runs) == ["kueue", "raygate"]
+    for r in runs:
+        # Every job ran, one node each on a group of 2, and was deleted after its hold; none Failed.
+        assert not r["timed_out"] and r["failed"] == {}, (r["side"], r["failed"])
+        assert sorted(r["order"]) == ["q01", "q02", "q03", "q04"] and r["never_ran"] == [], (r["side"], r["order"])
+        assert all("deleted" in m for m in r["marks"].values()), r["marks"]
+        assert r["gpu_nodes_added"] >= 1 and max(_nodes_at_once(r["gpu_nodes"])) <= 2, r["gpu_nodes"]
+        # The figures agree with the order: pairs out of order counted from it, waits from the marks.
+        rank = {job: i for i, job in enumerate(r["order"])}
+        names = sorted(rank)
+        assert r["pairs"] == 6 and r["pairs_out_of_order"] == sum(
+            1 for i, a in enumerate(names) for b in names[i + 1:] if rank[b] < rank[a])
+        assert sorted(r["waits_s"]) == names and all(w > 0 for w in r["waits_s"].values())
+        assert 0 < r["gpu_node_seconds_used"] <= r["gpu_node_seconds_available"] + 0.5
+        assert r["gpu_node_seconds_available"] <= r["gpu_node_seconds_at_group_max"] + 0.5
+        assert r["makespan_s"] == pytest.approx(max(m["running"] for m in r["marks"].values()), abs=0.01)
+    kueue = next(r for r in runs if r["side"] == "kueue")
+    cq = next(o for o in kueue["settings"]["queue_objects"] if o["kind"] == "ClusterQueue")
+    assert cq["spec"]["queueingStrategy"] == "StrictFIFO"
+    for title in ("Scarce capacity: 4 one-node GPU RayJobs", "pairs out of order", "GPU node-s used by running jobs",
+                  "The order jobs started running", "Each job: its wait", "Jobs that ended Failed",
+                  "queueingStrategy StrictFIFO", "Differences and why"):
+        assert title in out, f"{title!r} not printed"
+
+
+def _nodes_at_once(nodes: dict[str, dict[str, float]]) -> list[int]:
+    """How many GPU nodes existed after each node event."""
+    events = sorted([(n["added"], 1) for n in nodes.values()] + [(n["deleted"], -1) for n in nodes.values()
+                                                                  if "deleted" in n])
+    counts, now = [0], 0
+    for _, step in events:
+        now += step
+        counts.append(now)
+    return counts
