@@ -61,6 +61,7 @@ class Held:
     provisioning_request: str
     pod_groups: tuple[GroupVerdict, ...] = ()
     place: Place | None = None  # its place in its queue, while it is held there
+    preempted_by: str = ""  # "<Kind namespace/name> <time>": suspended to make room for that job, then
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -72,7 +73,18 @@ class Held:
             "queue": None if self.place is None else {
                 "name": self.place.queue, "position": self.place.position, "length": self.place.length,
                 "ahead": self.place.ahead, "priority": self.place.priority},
+            "preemptedBy": self._preempted_by(),
         }
+
+    def _preempted_by(self) -> dict[str, str] | None:
+        who, _, when = self.preempted_by.rpartition(" ")
+        return {"job": who, "at": when} if who else None
+
+    @property
+    def preemption(self) -> str:
+        """Who preempted it and when, as its reason in the table starts."""
+        found = self._preempted_by()
+        return f"preempted by {found['job']} at {found['at']}: " if found else ""
 
     @property
     def gang(self) -> str:
@@ -172,6 +184,7 @@ def held_from(kind: str, objects: Iterable[Mapping[str, Any]], now: dt.datetime,
             reason=f"scale-up: {scale_up}" if scale_up else str(annotations.get(keys.REASON_ANNOTATION, "")),
             provisioning_request=str(annotations.get(keys.REQUEST_ANNOTATION, "")),
             pod_groups=mine,
+            preempted_by=str(annotations.get(keys.PREEMPTED_BY_ANNOTATION, "")),
         ))
     return rows
 
@@ -195,7 +208,7 @@ def render_table(rows: list[Held], out: TextIO) -> None:
         (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, r.place.queue if r.place else "-",
          f"{r.place.position}/{r.place.length}" if r.place else "-",
          (r.place.ahead or "-") if r.place else "-", "-" if r.attempt is None else str(r.attempt),
-         human_duration(r.waiting_seconds), r.gang, r.reason or "-")
+         human_duration(r.waiting_seconds), r.gang, r.preemption + (r.reason or "-"))
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]

@@ -18,7 +18,7 @@ from raygate.core.objects import JSON, get
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
 from raygate.core.workload import ManifestError, PodSet, Workload
 from raygate.reconciler import children, gating
-from raygate.reconciler.held import requeue
+from raygate.reconciler.held import preempted, requeue
 from raygate.reconciler.plan import (
     GROUP_GONE_RECHECK_SECONDS,
     Action,
@@ -48,6 +48,8 @@ def admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, v
         return rewritten
     name = w.annotations.get(keys.REQUEST_ANNOTATION)
     plan = Plan(delete_requests(obs, keep=name), outcome=Outcome.ADMITTED)
+    if w.suspended and keys.PREEMPTED_BY_ANNOTATION in w.annotations:
+        return preempted(w, obs, rules)
     if w.suspended:
         # Suspended by a user after admission: its pods are gone, and so will its booking be before it
         # could start again. It waits for capacity anew, as any held job.

@@ -49,13 +49,15 @@ from raygate.reconciler.plan import (
     PatchChild,
     PatchJob,
     Plan,
+    Preempt,
+    Preempting,
     ReleasePod,
     Step,
     delete_all,
     fail,
 )
 from raygate.reconciler.pods import JOBS, PodIndex
-from raygate.reconciler.queues import QueueIndex, rules_of, waiting_of
+from raygate.reconciler.queues import QueueIndex, rules_of, running_of, waiting_of
 from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
@@ -325,12 +327,14 @@ class Controller:
         current = w.annotations.get(keys.REQUEST_ANNOTATION)
         request = informer.get(w.namespace, current) if informer is not None and current else None
         classes, global_default = self._priorities()
-        waiting = waiting_of(key, w, rules, classes, global_default, request)
-        if waiting is None:
-            self.queues.drop(key)
-            return
         name = rules.policy.queue
-        self.queues.put(name, rules_of(cfg.queues.get(name) or QueuePolicy()), waiting)
+        waiting = waiting_of(key, w, rules, classes, global_default, request)
+        if waiting is not None:
+            self.queues.put(name, rules_of(cfg.queues.get(name) or QueuePolicy()), waiting)
+        elif (running := running_of(key, w, rules, classes, global_default)) is not None:
+            self.queues.run(name, running)
+        else:
+            self.queues.drop(key)
 
     def _place_all(self) -> None:
         """Every job placed again: the config (queues, priorities) or a PriorityClass changed."""
@@ -591,6 +595,8 @@ class Controller:
                 self._patch_child(key.namespace, action)
             elif isinstance(action, ReleasePod):
                 releases.append(self._side.submit(self._release, key.namespace, action))
+            elif isinstance(action, Preempt):
+                self._preempt(action, obs.queue)
             elif isinstance(action, Emit):
                 self.events.send(job, action)
         for released in releases:
@@ -679,8 +685,25 @@ class Controller:
         if key is None or name is None:
             return {}
         queue = self.config.config.queues.get(name) or QueuePolicy()
+        waiting = self.queues.waiting(key)
+        preempt = Preempting(queue.min_run_seconds, waiting.priority if waiting else 0,
+                             tuple(self.queues.running(name))) \
+            if queue.preemption is keys.Preemption.LOWER_PRIORITY else None
         return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name),
-                "never_fits": queue.never_fits, "said": self._said(key.namespace, requests)}
+                "never_fits": queue.never_fits, "said": self._said(key.namespace, requests), "preempt": preempt}
+
+    def _preempt(self, action: Preempt, queue: str) -> None:
+        """Suspend a job to make room. One that is no longer Admitted, or gone, is left as it is (the patch tests
+        its state)."""
+        v = action.victim
+        try:
+            self.kube.patch(JOB_KINDS[v.kind], v.name, list(action.ops), v.namespace, content_type=JSON_PATCH)
+        except ApiError as err:
+            if err.status in (404, 409, 422):
+                return
+            raise
+        metrics.PREEMPTIONS.labels(queue).inc()
+        self.queue.add(v)
 
     def _release(self, namespace: str, action: ReleasePod) -> None:
         """Lift a pod's gate. The patch tests the gate it removes: one already lifted (by another replica, or

@@ -10,12 +10,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from raygate.core import booking, keys, limits
+from raygate.core import booking, keys, limits, preemption
+from raygate.core import quantity as q
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, GroupSpec, GroupsWithPrerequisite, ObjectRules, Prerequisite
 from raygate.core.objects import get
-from raygate.core.patch import pointer
+from raygate.core.patch import PatchBuilder, pointer
 from raygate.core.policy import NamespacePolicy
 from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import ManifestError, PodSet, Workload
@@ -32,6 +33,8 @@ from raygate.reconciler.plan import (
     Observed,
     Outcome,
     Plan,
+    Preempt,
+    Preempting,
     Step,
     annotation,
     builder,
@@ -246,6 +249,8 @@ def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, nee
     b.set(("spec", "suspend"), False)
     b.set(STATE_PATH, keys.State.ADMITTED.value)
     b.remove(annotation(keys.NEVER_FITS_ANNOTATION))
+    b.remove(annotation(keys.PREEMPTED_BY_ANNOTATION))
+    b.remove(annotation(keys.PREEMPTING_ANNOTATION))
     b.set(annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
     b.remove(annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
@@ -450,11 +455,12 @@ def _queued(w: Workload, obs: Observed, plan: Plan) -> Plan:
     return plan
 
 
-def _withdraw(w: Workload, obs: Observed, needs: Needs, attempt: int, rounds: int, why: str) -> Plan:
+def _withdraw(w: Workload, obs: Observed, needs: Needs, attempt: int, rounds: int, why: str,
+              b: PatchBuilder | None = None) -> Plan:
     """Its request goes, not Provisioned, and the job is Pending again (in the same attempt: it failed nothing).
     Its next request has a new name, so the autoscaler takes it as new, without the backoff of the old one."""
     nxt = needs.request_name(w, attempt, rounds + 1)
-    b = builder(w)
+    b = b or builder(w)
     b.set(STATE_PATH, keys.State.PENDING.value)
     b.set(annotation(keys.REQUEST_ANNOTATION), nxt)
     b.set(annotation(keys.ROUND_ANNOTATION), str(rounds + 1))
@@ -489,6 +495,9 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     said = obs.said.get(name, "")
     if said and booking.never_fits(said):
         return _never_fits(w, obs, rules, name, said, plan)
+    if obs.preempt is not None and obs.turn is not None and obs.turn.front and \
+            (made_room := _preempt(w, obs, obs.preempt, rules, now, plan)) is not None:
+        return made_room
     msg = f": {provisioned.message}" if provisioned.message else ""
     reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
         "for capacity to free" + (f" (cluster-autoscaler: {said})" if said else "")
@@ -501,6 +510,64 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
         plan.actions.append(patch_step(b, Step.HOLD))
     plan.requeue(timeout - (now - since).total_seconds())
     plan.outcome = Outcome.WAITING
+    return plan
+
+
+def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules, now: dt.datetime,
+             plan: Plan) -> Plan | None:
+    """The front, answered "not now", in a queue that preempts: it suspends the fewest running jobs of lower
+    priority whose bookings cover its gang, and asks again once their pods are gone (capacity freed). None: it
+    waits as any front does (nobody to preempt, or it waits for those it preempted)."""
+    at, _, jobs = str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or "").partition(" ")
+    if (since := parse_time(at)) is not None and not ((freed := parse_time(obs.freed)) and freed > since):
+        hold(w, f"{_where(obs)}it preempted {jobs.replace(',', ', ')} at {at} to make room; it asks the "
+             "cluster-autoscaler again when their pods are gone", "Preempting", plan, at)
+        plan.outcome = Outcome.WAITING
+        return plan
+    try:
+        need = preemption.room(w, w.gang(), rules.policy.manages)
+    except ManifestError:
+        return None
+    chosen = preemption.victims(preempt.priority, need, preempt.running, now, preempt.min_run_seconds)
+    if not chosen:
+        return None
+    stamp = precise_timestamp(now)
+    names = [str(v.key) for v in chosen]
+    freeing = ", ".join(f"{r}={q.format_quantity(v)}" for r, v in sorted(preemption.totals([v.room for v in chosen])
+                                                                          .items()))
+    why = (f"{_where(obs)}the cluster-autoscaler has no room now: it preempted {', '.join(names)} (lower "
+           f"priority; their bookings hold {freeing}) and asks again when their pods are gone")
+    b = builder(w)
+    b.set(annotation(keys.PREEMPTING_ANNOTATION), f"{stamp} {','.join(names)}")
+    b.set(annotation(keys.REASON_ANNOTATION), why[:1000])
+    suspend = ({"op": "test", "path": pointer(STATE_PATH), "value": keys.State.ADMITTED.value},
+               {"op": "add", "path": "/spec/suspend", "value": True},
+               {"op": "add", "path": pointer(annotation(keys.PREEMPTED_BY_ANNOTATION)),
+                "value": f"{w.kind} {w.namespace}/{w.name} {stamp}"})
+    plan.actions += [patch_step(b, Step.HOLD), *(Preempt(v.key, suspend) for v in chosen),
+                     Emit("Preempting", f"preempted {', '.join(names)} to make room for its gang",
+                          name=children.event_name(w, "Preempting", stamp))]
+    plan.outcome = Outcome.PREEMPTING
+    return plan
+
+
+def preempted(w: Workload, obs: Observed, rules: ObjectRules) -> Plan:
+    """Suspended by raygate to make room for a job of higher priority: back in its queue (by its own priority and
+    creation time, as any held job), behind that job, in the same attempt (it failed nothing); its booking goes
+    when its pods have."""
+    who, _, when = str(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION) or "").rpartition(" ")
+    try:
+        needs = needs_of(w, rules)
+    except BadInput as err:
+        return fail(w, obs, rules, str(err))
+    b = builder(w)
+    b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
+    why = f"preempted at {when} to make room for {who}, of higher priority; it waits in its queue again"
+    plan = _withdraw(w, obs, needs, positive_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1, _rounds(w),
+                     why, b)
+    plan.actions.append(Emit("Preempted", f"suspended to make room for {who}, of higher priority", warning=True,
+                             name=children.event_name(w, "Preempted", when)))
+    plan.outcome = Outcome.PREEMPTED
     return plan
 
 

@@ -25,6 +25,11 @@ REQUESTS_FAILED = Counter(
     "ProvisioningRequests that failed, lost their booking or timed out before the job was admitted.",
 )
 REQUESTS_RETRIED = Counter("raygate_reconciler_requests_retried", "ProvisioningRequests created as a retry.")
+PREEMPTIONS = Counter(
+    "raygate_reconciler_preemptions",
+    "Running jobs raygate suspended to make room for a higher-priority job at the front of their queue, by queue.",
+    ["queue"],
+)
 PODS_RELEASED = Counter("raygate_reconciler_pods_released", "Gated pods whose scheduling gate raygate lifted.")
 RECONCILE_ERRORS = Counter(
     "raygate_reconciler_reconcile_errors", "Reconciles that failed and were retried with backoff.", ["reason"]

@@ -1,7 +1,7 @@
 """What the reconciler's decision returns, and what both of its loops build it from.
 
 A decision reads `Observed` (the job's children and pods, from the caches) and returns a `Plan`: tagged
-actions (Create, Delete, PatchJob, PatchChild, ReleasePod, Emit) that the controller applies at the edge.
+actions (Create, Delete, PatchJob, PatchChild, ReleasePod, Emit, Preempt) that the controller applies at the edge.
 Every patch of a job opens with JSON-patch `test` operations on raygate's own fields (`builder`), so a
 decision made on a stale view fails instead of overwriting a newer one. Giving up (`fail`) and the
 deletes that end a job are shared by the held job's state machine (held.py) and the admitted object's
@@ -19,8 +19,9 @@ from raygate.core import keys
 from raygate.core.api import OFFLINE, Served
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, ObjectRules
-from raygate.core.objects import JSON, get, meta_str
+from raygate.core.objects import JSON, Key, get, meta_str
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
+from raygate.core.preemption import Running
 from raygate.core.queueing import Turn
 from raygate.core.workload import Workload
 from raygate.reconciler import children, gating
@@ -72,6 +73,8 @@ class Outcome(StrEnum):
     REQUEUED = "requeued"
     QUEUED = "queued"  # not its turn: no request out
     WITHDRAWN = "withdrawn"  # its request taken back (another job ahead, or to ask again)
+    PREEMPTING = "preempting"  # the front of its queue suspends lower-priority running jobs to make room
+    PREEMPTED = "preempted"  # suspended to make room for a higher-priority job: in its queue again
     GROUP_REWRITTEN = "group-rewritten"  # another writer changed the group object raygate made (Volcano)
 
 
@@ -129,7 +132,25 @@ class Emit:
     name: str | None = None  # deterministic, so a replay records no second Event
 
 
-Action = Create | Delete | PatchJob | PatchChild | ReleasePod | Emit
+@dataclass(frozen=True)
+class Preempt:
+    """Suspend another job of the queue to make room (a JSON patch that tests it is still Admitted; its own
+    decision then puts it back in its queue and says so)."""
+
+    victim: Key
+    ops: tuple[PatchOp, ...]
+
+
+Action = Create | Delete | PatchJob | PatchChild | ReleasePod | Emit | Preempt
+
+
+@dataclass(frozen=True)
+class Preempting:
+    """What the front of a queue that preempts (queues.<name>.preemption: LowerPriority) may suspend."""
+
+    min_run_seconds: int
+    priority: int  # the job's own
+    running: tuple[Running, ...]  # the admitted jobs of its queue
 
 
 
@@ -163,6 +184,7 @@ class Observed:
     freed: str = ""  # RFC 3339: when capacity of its queue last freed (answers before it are out of date)
     never_fits: keys.NeverFits = keys.NeverFits.HOLD  # its queue's word on a job no node group can hold
     said: Mapping[str, str] = field(default_factory=dict)  # request -> the autoscaler's NotTriggerScaleUp words
+    preempt: Preempting | None = None  # its queue preempts: what it may suspend (None: its queue never does)
 
     def request(self, name: str) -> JSON | None:
         return next((r for r in self.requests if name_of(r) == name), None)

@@ -17,13 +17,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from raygate.core import keys, queueing
+from raygate.core import keys, preemption, queueing
 from raygate.core.conditions import conditions
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.modes import ObjectRules
 from raygate.core.objects import JSON, Key, meta_str
 from raygate.core.policy import QueuePolicy
+from raygate.core.preemption import Running
 from raygate.core.queueing import PriorityClasses, Turn, Waiting, askers
+from raygate.core.times import parse_time
 from raygate.core.workload import ManifestError, Workload
 
 
@@ -43,7 +45,29 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
         provisioned.reason else None
     parked = keys.NEVER_FITS_ANNOTATION in w.annotations
     return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
-                   w.uid, answered or None, shape, parked)
+                   w.uid, answered or None, shape, parked, preempted_by(w)[0])
+
+
+def preempted_by(w: Workload) -> tuple[Key | None, str]:
+    """The job this one was preempted for, and when ((None, "") when it was not)."""
+    who, _, when = str(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION) or "").rpartition(" ")
+    return Key.parse(who), when
+
+
+def running_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClasses,
+               global_default: int) -> Running | None:
+    """The job as a preemption in its queue sees it, or None when it is not an admitted job raygate booked for."""
+    if not (rules.holds and rules.books) or w.labels.get(keys.STATE_LABEL) != keys.State.ADMITTED or w.suspended:
+        return None
+    try:
+        room = preemption.room(w, w.gang(), rules.policy.manages)
+    except ManifestError:
+        return None
+    if not room:
+        return None  # it books nothing: suspending it frees nothing
+    name = queueing.priority_class_name(w, rules.policy.default_priority_class_name)
+    return Running(key, queueing.priority(name, classes, global_default),
+                   parse_time(w.annotations.get(keys.ADMITTED_AT_ANNOTATION)), room)
 
 
 def rules_of(queue: QueuePolicy) -> Rules:
@@ -75,11 +99,14 @@ class QueueIndex:
         self._lock = threading.Lock()
         self._queues: dict[str, _Queue] = {}
         self._where: dict[Key, tuple[str, Waiting]] = {}
+        self._running: dict[str, dict[Key, Running]] = {}  # queue -> its admitted jobs (for preemption)
+        self._runs_in: dict[Key, str] = {}
 
     def put(self, queue: str, rules: Rules, job: Waiting) -> None:
         """A held job as it is now, in the queue its namespace maps to."""
         with self._lock:
             changed = self._remove(job.key)
+            self._stopped(job.key)
             q = self._queues.setdefault(queue, _Queue(rules, []))
             q.rules = rules
             i = bisect.bisect_left(q.jobs, job.order, key=_order)
@@ -92,7 +119,26 @@ class QueueIndex:
         """The job is no longer held: admitted, failed, or gone."""
         with self._lock:
             changed = self._remove(key)
+            self._stopped(key)
         self._notify(changed)
+
+    def run(self, queue: str, job: Running) -> None:
+        """An admitted job of `queue`, which a preemption may pick."""
+        with self._lock:
+            changed = self._remove(job.key)
+            self._stopped(job.key)
+            self._running.setdefault(queue, {})[job.key] = job
+            self._runs_in[job.key] = queue
+        self._notify(changed)
+
+    def running(self, queue: str) -> list[Running]:
+        with self._lock:
+            return list(self._running.get(queue, {}).values())
+
+    def waiting(self, key: Key) -> Waiting | None:
+        with self._lock:
+            found = self._where.get(key)
+            return found[1] if found else None
 
     def freed(self, queue: str, at: str) -> None:
         """Capacity of this queue's jobs freed at `at`: answers from before are out of date. Every job that asks
@@ -137,6 +183,10 @@ class QueueIndex:
             return {name: min(j.created for j in q.jobs) for name, q in self._queues.items() if q.jobs}
 
     # --- under the lock ---------------------------------------------------------------------------
+    def _stopped(self, key: Key) -> None:
+        if (queue := self._runs_in.pop(key, None)) is not None:
+            self._running[queue].pop(key, None)
+
     @staticmethod
     def _index(q: _Queue, job: Waiting) -> int:
         return bisect.bisect_left(q.jobs, job.order, key=_order)

@@ -15,7 +15,7 @@ from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
 from raygate.reconciler import decision, held
 from raygate.reconciler.held import Needs
-from raygate.reconciler.plan import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, ReleasePod
+from raygate.reconciler.plan import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, Preempt, ReleasePod
 
 
 def kinds(plan: Plan) -> list[str]:
@@ -34,6 +34,8 @@ def kinds(plan: Plan) -> list[str]:
             out.append(f"event {a.reason}")
         elif isinstance(a, ReleasePod):
             out.append(f"release {a.name}")
+        elif isinstance(a, Preempt):
+            out.append(f"preempt {a.victim}")
         else:  # an action kind this does not know yet must not vanish from the words
             raise AssertionError(f"kinds() has no word for {a!r}")
     return out

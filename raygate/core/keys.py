@@ -20,6 +20,12 @@ ATTEMPT_ANNOTATION = f"{DOMAIN}/attempt"
 # job waits out of its queue's way (queues.<name>.neverFits: Hold), its request kept, until it is admitted: once a
 # node group is at its maximum the autoscaler says only that, of a job that could never fit as of one that could.
 NEVER_FITS_ANNOTATION = f"{DOMAIN}/never-fits"
+# On a job raygate suspended to make room for a higher-priority one: "<Kind namespace/name> <time>" of that job.
+# While that job is held, this one does not ask before it (it made room for it).
+PREEMPTED_BY_ANNOTATION = f"{DOMAIN}/preempted-by"
+# On the job that preempted others: "<time> <Kind namespace/name>,..." of the jobs it suspended; it waits for
+# their pods to go (capacity freed after <time>) before it preempts again.
+PREEMPTING_ANNOTATION = f"{DOMAIN}/preempting"
 # The times this attempt's request was withdrawn, or asked again, by the job's queue: part of the request's name.
 ROUND_ANNOTATION = f"{DOMAIN}/round"
 REASON_ANNOTATION = f"{DOMAIN}/reason"
@@ -91,6 +97,13 @@ class NeverFits(StrEnum):
 
     HOLD = "Hold"  # it stays held, with the autoscaler's words, out of its queue's way
     FAIL = "Fail"  # state Failed, with the autoscaler's words
+
+
+class Preemption(StrEnum):
+    """Whether the job at the front of a queue may suspend running jobs of its queue to make room."""
+
+    NEVER = "Never"
+    LOWER_PRIORITY = "LowerPriority"  # running jobs of strictly lower priority, the fewest that cover its gang
 
 
 DEFAULT_QUEUE = "default"

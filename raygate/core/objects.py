@@ -22,6 +22,13 @@ class Key(NamedTuple):
     def __str__(self) -> str:
         return f"{self.kind} {self.namespace}/{self.name}"
 
+    @classmethod
+    def parse(cls, text: str) -> Key | None:
+        """The key str() wrote ("Kind namespace/name"), or None."""
+        kind, _, rest = text.partition(" ")
+        namespace, _, name = rest.partition("/")
+        return cls(kind, namespace, name) if kind and namespace and name else None
+
 
 class PodKey(NamedTuple):
     namespace: str

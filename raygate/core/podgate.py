@@ -113,6 +113,15 @@ def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
     other: same managed request per pod, same node selection. (KubeRay adds containers of its own, its
     autoscaler sidecar and an init container, that ask for no managed resource; the API server fills in
     a default scheduler and tolerations of its own, and merges matchLabelKeys into label selectors.)"""
+    return digest({"managed": q.render(managed), **_placement(spec, managed)}, 16)
+
+
+def placement_digest(spec: Any, managed: Mapping[str, Any]) -> str:
+    """The node selection alone of a pod asking `managed` (ANYWHERE: none of its own)."""
+    return digest(_placement(spec, managed), 16)
+
+
+def _placement(spec: Any, managed: Mapping[str, Any]) -> dict[str, Any]:
     view = _as_created(fields_view(spec, MATCHED_FIELDS))
     if view.get("schedulerName") == DEFAULT_SCHEDULER:
         del view["schedulerName"]
@@ -121,7 +130,10 @@ def match_digest(spec: Any, managed: Mapping[str, Any]) -> str:
         view["tolerations"] = kept
         if not kept:
             del view["tolerations"]
-    return digest({"managed": q.render(managed), **view}, 16)
+    return view
+
+
+ANYWHERE = digest({}, 16)
 
 
 # --- at the webhook ---------------------------------------------------------------------------------

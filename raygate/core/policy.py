@@ -132,6 +132,16 @@ class QueuePolicy(_Strict):
         description="A job no node group can ever fit (the cluster-autoscaler says so of its pods): Hold keeps it "
         "held with that reason, out of the queue's way; Fail marks it Failed.",
     )
+    preemption: keys.Preemption = Field(
+        keys.Preemption.NEVER,
+        description="LowerPriority: when the job at the front is answered \"not now\", raygate suspends the fewest "
+        "running jobs of this queue with a strictly lower priority whose bookings cover its gang (lowest priority "
+        "first, then the most recently admitted); they wait in the queue again. Never: nobody is suspended.",
+    )
+    min_run_seconds: int = Field(
+        300, ge=0, le=7 * 24 * 3600,
+        description="LowerPriority: a job admitted less than this long ago is not preempted (0: any time).",
+    )
 
 
 def _default_queues() -> dict[str, QueuePolicy]:

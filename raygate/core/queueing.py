@@ -40,6 +40,7 @@ class Waiting:
     answered: str | None = None  # when the autoscaler last answered its request "not now" (Provisioned=False)
     shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
     parked: bool = False  # no node group can hold it: it keeps its request, out of the way of the jobs behind
+    yields_to: Key | None = None  # preempted to make room for this job: it does not ask while that one waits
 
     @property
     def order(self) -> tuple[int, str, str]:
@@ -86,7 +87,9 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
     """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
     waits, behind the job right ahead of it."""
     parked = [j.key for j in queue if j.parked]
-    queue = [j for j in queue if not j.parked]
+    held = {j.key for j in queue}
+    # A job preempted for another does not take the room it gave while that one still waits.
+    queue = [j for j in queue if not j.parked and (j.yields_to is None or j.yields_to not in held)]
     if not queue:
         return parked
     asking = [queue[0]]

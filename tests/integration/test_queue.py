@@ -4,7 +4,8 @@ The real stack: the real cluster-autoscaler (kwok provider) answers raygate's Pr
 binds, KWOK runs the pods, KubeRay makes them; nothing here writes a request's status. One GPU node group of
 4-GPU nodes; every job is a RayCluster whose one worker needs a whole node, deleted a few seconds after all its
 pods Run (KWOK's pods never end by themselves). Two reconcilers run, one leading, as in a cluster install with
-two replicas: the first part stops the leader midway, and the order holds across the change.
+two replicas: the first part stops the leader midway, and the order holds across the change. The last part
+preempts: a queue with `preemption: LowerPriority` suspends running jobs of lower priority for its front.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from raystack import RayStack
 from waiting import consistently, wait
 
 from raygate.core import keys
-from raygate.core.api import EVENTS, LEASES, NODES, PODS, RAYCLUSTERS
+from raygate.core.api import EVENTS, LEASES, NODES, PODS, RAYCLUSTERS, RAYJOBS
 from raygate.core.objects import JSON
 from raygate.devenv.build import Bundle
 from raygate.devenv.capacity import GPU_GROUP, GPU_RESOURCE, NODE_GROUP_LABEL, Layout, start_capacity
@@ -34,14 +35,15 @@ from raygate.kube.client import Kube
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay]
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"queue-{k}-{SUFFIX}" for k in ("fifo", "strict", "best")}
+NS = {k: f"queue-{k}-{SUFFIX}" for k in ("fifo", "strict", "best", "preempt")}
 ATOMIC = keys.BEST_EFFORT_ATOMIC_CLASS
 TIMEOUT = 5  # provisionedTimeoutSeconds: every job below waits far longer than TIMEOUT x (retries + 1)
 CONFIG = {
-    "queues": {"default": {"strategy": "BestEffortFIFO"}, "strict": {"strategy": "StrictFIFO"}},
+    "queues": {"default": {"strategy": "BestEffortFIFO"}, "strict": {"strategy": "StrictFIFO"},
+               "preempting": {"strategy": "StrictFIFO", "preemption": "LowerPriority", "minRunSeconds": 0}},
     "defaults": {"mode": "provisioning", "provisioning": {"className": ATOMIC, "provisionedTimeoutSeconds": TIMEOUT},
                  "retry": {"limit": 0, "baseSeconds": 1, "maxSeconds": 1}},
-    "namespaces": {NS["strict"]: {"queue": "strict"}},
+    "namespaces": {NS["strict"]: {"queue": "strict"}, NS["preempt"]: {"queue": "preempting"}},
 }
 RECONCILERS = ("queue-reconciler-a", "queue-reconciler-b")
 URGENT = "raygate-test-urgent"
@@ -214,3 +216,73 @@ def test_a_two_node_head_runs_before_one_node_jobs_in_strict_fifo_and_lets_them_
         if ns == NS["strict"]:
             wait(lambda ns=ns: "single" in running(stack, ns), 180, "the one-node job to run after the head")
             finish(stack, ns, "single")
+
+
+# --- preemption (queues.preempting: LowerPriority) ----------------------------------------------------
+
+def events(stack: Stack, ns: str, reason: str) -> dict[str, str]:
+    """Events of `reason` in `ns`: the object each is on -> its message."""
+    return {e["involvedObject"]["name"]: e.get("message", "") for e in stack.kube.list(EVENTS, ns).get("items") or []
+            if e["reason"] == reason}
+
+
+def test_a_higher_priority_raycluster_preempts_only_the_most_recently_admitted_of_two(stack: Stack) -> None:
+    """Two nodes (the node group's maximum since the test before), two low jobs on them; a one-node urgent job
+    suspends one of them, the one admitted last, and runs on its node; the other runs on. When the urgent job
+    goes, the suspended one runs again."""
+    ns = NS["preempt"]
+    for name in ("low-a", "low-b"):
+        stack.create(one_node(name), ns)
+        wait(lambda name=name: name in running(stack, ns), 180, f"{name} to run")  # type: ignore[misc]
+    stack.create(one_node("urgent", priority=URGENT), ns)
+    wait(lambda: running(stack, ns) == {"low-a", "urgent"}, 180,
+         f"urgent to run in low-b's place (states: {states(stack, ns)})")
+    assert events(stack, ns, "Preempted").keys() == {"low-b"}, "one victim: one node was needed"
+    assert f"RayCluster {ns}/urgent" in events(stack, ns, "Preempted")["low-b"]
+    assert "low-b" in events(stack, ns, "Preempting")["urgent"]
+    place = status(stack, ns)["low-b"]
+    assert place["preemptedBy"]["job"] == f"RayCluster {ns}/urgent" and place["preemptedBy"]["at"], place
+    finish(stack, ns, "urgent")
+    wait(lambda: running(stack, ns) == {"low-a", "low-b"}, 180, "low-b to run again once urgent is gone")
+    for name in ("low-a", "low-b"):
+        finish(stack, ns, name)
+
+
+def test_a_higher_priority_rayjob_preempts_a_running_low_one_on_a_one_node_group_equals_and_never_do_not(
+        stack: Stack) -> None:
+    ns = NS["preempt"]
+    start_capacity(stack.cluster, stack.cluster.load_state(), Layout(gpu_nodes_max=1))  # type: ignore[arg-type]
+    wait(lambda: len(stack.group(GPU_GROUP)) <= 1, 120, "the GPU node group to be at most one node")
+
+    def job(name: str, priority: str | None = None) -> JSON:
+        res = {"cpu": "1", GPU_RESOURCE: "4"}
+        j = builders.RayJob(name, None).worker("gpu", replicas=1, min_replicas=1, max_replicas=1, requests=res,
+                                                limits=res)
+        if priority:
+            j.label(keys.RAY_PRIORITY_CLASS_LABEL, priority)
+        return j.obj()
+
+    def runs(name: str) -> bool:
+        return any(c.startswith(f"{name}-") for c in running(stack, ns))
+
+    stack.create(job("low"), ns)
+    wait(lambda: runs("low"), 180, "the low job to run")
+    # Equal priority in the same queue, and a higher priority in a queue that never preempts: nobody is suspended.
+    stack.create(job("peer"), ns)
+    stack.create(job("elsewhere", priority=URGENT), NS["fifo"])
+    consistently(lambda: runs("low"), 15, "the low job to keep running")
+    assert not events(stack, ns, "Preempted")
+    for where, name in ((ns, "peer"), (NS["fifo"], "elsewhere")):
+        stack.kube.delete(RAYJOBS, name, where)
+
+    stack.create(job("high", priority=URGENT), ns)
+    wait(lambda: runs("high"), 240, f"the high job to run (states: {stack.state(ns, keys.RAYJOB_KIND, 'low')})")
+    low = stack.get(ns, keys.RAYJOB_KIND, "low")
+    assert low["spec"]["suspend"] is True and not runs("low")
+    assert low["metadata"]["labels"][keys.STATE_LABEL] in keys.HELD_STATES
+    assert f"RayJob {ns}/high" in events(stack, ns, "Preempted")["low"]
+    assert "low" in events(stack, ns, "Preempting")["high"]
+    stack.kube.delete(RAYJOBS, "high", ns)
+    wait(lambda: runs("low"), 240, "the low job to run again once the high one is gone")
+    assert stack.get(ns, keys.RAYJOB_KIND, "low")["metadata"]["labels"][keys.STATE_LABEL] == keys.State.ADMITTED
+    stack.kube.delete(RAYJOBS, "low", ns)

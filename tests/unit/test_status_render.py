@@ -111,8 +111,19 @@ def test_json_output() -> None:
     assert doc["items"] == [{
         "namespace": "ml", "kind": "RayJob", "name": "a", "state": "Pending", "attempt": None,
         "creationTimestamp": "2025-06-01T11:50:00Z", "waitingSeconds": 600, "reason": "",
-        "provisioningRequest": None, "podGroups": [], "queue": None,
+        "provisioningRequest": None, "podGroups": [], "queue": None, "preemptedBy": None,
     }]
+
+
+def test_a_preempted_job_says_by_whom_and_when() -> None:
+    o = obj("low", "Pending")
+    o["metadata"]["annotations"] = {keys.PREEMPTED_BY_ANNOTATION: "RayJob ml/high 2025-06-01T11:59:00.000Z",
+                                    keys.REASON_ANNOTATION: "waiting in queue default behind RayJob ml/high"}
+    row = held_from("RayJob", [o], NOW)[0]
+    assert row.as_json()["preemptedBy"] == {"job": "RayJob ml/high", "at": "2025-06-01T11:59:00.000Z"}
+    out = io.StringIO()
+    render_table([row], out)
+    assert "preempted by RayJob ml/high at 2025-06-01T11:59:00.000Z: waiting in queue" in out.getvalue()
 
 
 def group(name: str, owner: str, status: str | None, reason: str = "", message: str = "") -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""Preemption (queues.<name>.preemption: LowerPriority): which running jobs make room for the front of a queue,
+how the front suspends them, and how a preempted job goes back to its queue."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+from plans import applied, decide, kinds
+from test_queued_decision import FRONT, in_queue, not_now, reason
+from test_reconciler_decision import NOW, job, policy, provisioning, templates
+
+from raygate.core import keys, podgate, preemption
+from raygate.core.keys import QueueStrategy as Strategy
+from raygate.core.objects import Key
+from raygate.core.preemption import Running
+from raygate.core.queueing import Waiting, askers
+from raygate.core.workload import Workload
+from raygate.reconciler.plan import Observed, Outcome, Preempt, Preempting
+
+NODE = {podgate.ANYWHERE: {"nvidia.com/gpu": Decimal(4)}}  # one whole 4-GPU node, anywhere
+
+
+def running(name: str, priority: int, admitted_minutes_ago: float, room: preemption.Room = NODE) -> Running:
+    return Running(Key("RayJob", "ns", name), priority, NOW - dt.timedelta(minutes=admitted_minutes_ago), room)
+
+
+def picked(need: preemption.Room, jobs: list[Running], priority: int = 100, min_run: float = 0) -> list[str]:
+    return [r.key.name for r in preemption.victims(priority, need, jobs, NOW, min_run)]
+
+
+def test_a_one_node_job_preempts_one_of_two_low_jobs_the_most_recently_admitted() -> None:
+    assert picked(NODE, [running("old", 0, 60), running("new", 0, 5)]) == ["new"]
+
+
+def test_lowest_priority_goes_first_whatever_its_age() -> None:
+    assert picked(NODE, [running("mid", 50, 60), running("low", 10, 120)]) == ["low"]
+
+
+def test_equal_or_higher_priority_is_never_preempted() -> None:
+    assert picked(NODE, [running("same", 100, 60), running("higher", 200, 60)]) == []
+
+
+def test_a_job_admitted_less_than_min_run_seconds_ago_stays() -> None:
+    assert picked(NODE, [running("fresh", 0, 1)], min_run=300) == []
+    assert picked(NODE, [running("fresh", 0, 1)], min_run=0) == ["fresh"]
+
+
+def test_never_more_than_needed_and_none_when_all_together_do_not_cover() -> None:
+    two_nodes = {podgate.ANYWHERE: {"nvidia.com/gpu": Decimal(8)}}
+    half = {podgate.ANYWHERE: {"nvidia.com/gpu": Decimal(2)}}
+    # The half (lowest priority) is picked first and does not cover; the whole node then covers alone, so the
+    # half goes back.
+    assert picked(NODE, [running("h1", 0, 5, half), running("whole", 1, 5)]) == ["whole"]
+    assert picked(two_nodes, [running("h1", 0, 5, half), running("h2", 0, 6, half), running("n", 1, 5)]) == \
+        ["h1", "h2", "n"]
+    assert picked(two_nodes, [running("only", 0, 5)]) == []  # 4 of 8 GPUs: suspending it frees too little
+
+
+def test_room_elsewhere_does_not_count_for_a_front_that_must_run_on_other_nodes() -> None:
+    pinned = {"digest-of-h100-nodes": {"nvidia.com/gpu": Decimal(4)}}
+    assert picked(pinned, [running("anywhere", 0, 5)]) == []  # its pods may have run on any node
+    assert picked(pinned, [running("there", 0, 5, pinned)]) == ["there"]
+    assert picked(NODE, [running("there", 0, 5, pinned)]) == ["there"]  # a front that may go anywhere
+
+
+def test_a_preempted_job_does_not_ask_while_the_job_it_made_room_for_waits() -> None:
+    high = Waiting(Key("RayJob", "ns", "high"), 100, "2030-01-01T00:00:09Z", "u-high", "2030-01-01T00:01:00Z")
+    low = Waiting(Key("RayJob", "ns", "low"), 0, "2030-01-01T00:00:01Z", "u-low", yields_to=high.key)
+    assert askers([high, low], Strategy.BEST_EFFORT_FIFO, 8) == [high.key]  # high answered not now: low may not try
+    assert askers([low], Strategy.STRICT_FIFO, 8) == [low.key]  # once high is admitted, low asks
+
+
+def preempting(*jobs: Running, priority: int = 100) -> Observed:
+    w = provisioning()
+    return in_queue(FRONT, requests=(not_now(w, NOW - dt.timedelta(seconds=30)),), templates=templates(w),
+                    preempt=Preempting(0, priority, jobs))
+
+
+def test_the_front_answered_not_now_suspends_its_victims_and_says_so() -> None:
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    low = Running(Key("RayCluster", "other", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    plan = decide(w, preempting(low), policy(), NOW)
+    assert plan.outcome is Outcome.PREEMPTING
+    assert kinds(plan) == ["patch hold", "preempt RayCluster other/low", "event Preempting"]
+    suspend = next(a for a in plan.actions if isinstance(a, Preempt))
+    assert {"op": "add", "path": "/spec/suspend", "value": True} in suspend.ops
+    assert suspend.ops[0] == {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Admitted"}
+    assert "it preempted RayCluster other/low" in reason(plan, w)
+    # Until their pods are gone (capacity freed), it waits for them and preempts nobody else.
+    after = Workload(applied(w, plan))
+    again = decide(after, preempting(low), policy(), NOW + dt.timedelta(seconds=5))
+    assert again.outcome is Outcome.WAITING and not any(isinstance(a, Preempt) for a in again.actions)
+
+
+def test_nobody_is_preempted_with_equal_priority_or_when_the_queue_never_preempts() -> None:
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    same = Running(Key("RayJob", "ns", "same"), 100, NOW - dt.timedelta(hours=1), need)
+    assert decide(w, preempting(same), policy(), NOW).outcome is Outcome.WAITING
+    never = in_queue(FRONT, requests=(not_now(w, NOW - dt.timedelta(seconds=30)),), templates=templates(w))
+    assert decide(w, never, policy(), NOW).outcome is Outcome.WAITING
+
+
+def test_a_preempted_job_goes_back_to_its_queue_in_the_same_attempt_and_says_for_whom() -> None:
+    w = job("Admitted", suspend=True, annotations={
+        keys.ATTEMPT_ANNOTATION: "2", keys.ADMITTED_AT_ANNOTATION: "2030-01-01T11:00:00Z",
+        keys.PREEMPTED_BY_ANNOTATION: "RayJob ns/high 2030-01-01T12:00:00.000Z"})
+    w = job("Admitted", suspend=True, annotations={**w.annotations, keys.REQUEST_ANNOTATION: "train-x-a2"})
+    plan = decide(w, Observed(), policy(), NOW)
+    assert plan.outcome is Outcome.PREEMPTED
+    assert "event Preempted" in kinds(plan)
+    after = applied(w, plan)
+    assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
+    annotations = after["metadata"]["annotations"]
+    assert annotations[keys.ATTEMPT_ANNOTATION] == "2"  # it failed nothing
+    assert keys.ADMITTED_AT_ANNOTATION not in annotations
+    assert "to make room for RayJob ns/high" in annotations[keys.REASON_ANNOTATION]
