@@ -318,9 +318,11 @@ def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str]
     out: dict[tuple[str, str, str], Place] = {}
     for name, jobs in queues.items():
         order = queueing.ordered(jobs)
+        parked = [j.order for j in order if j.parked]
         for i, job in enumerate(order):
+            turn = queueing.turn_at(order, i, False, parked)
             out[(job.key.kind, job.key.namespace, job.key.name)] = Place(
-                name, i + 1, len(order), order[i - 1].name if i else None, job.priority)
+                name, turn.position, turn.length, turn.behind, job.priority)
     return out
 
 

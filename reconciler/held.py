@@ -412,6 +412,7 @@ def requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, wh
     b.set(annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
     b.set(annotation(keys.REQUEST_ANNOTATION), nxt)
     b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
+    b.remove(annotation(keys.ROUND_ANNOTATION))
     b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
     return Plan([patch_step(b, Step.REQUEUE),
                  Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
@@ -438,7 +439,7 @@ def _where(obs: Observed) -> str:
 
 def _front_of_queue(w: Workload, obs: Observed) -> Emit:
     return Emit("FrontOfQueue", f"at the front of queue {obs.queue}: it asks the cluster-autoscaler for its gang "
-                "first", name=children.event_name(w, "FrontOfQueue"))
+                "first", name=children.event_name(w, "FrontOfQueue", w.uid))
 
 
 def _queued(w: Workload, obs: Observed, plan: Plan) -> Plan:
@@ -502,12 +503,14 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
     reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
         "for capacity to free" + (f" (cluster-autoscaler: {said})" if said else "")
     recorded = f"{name} {precise_timestamp(since)}"
-    if w.annotations.get(keys.REASON_ANNOTATION) != reason or \
-            w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) != recorded:
+    before = str(w.annotations.get(keys.REASON_ANNOTATION) or "")
+    if before != reason or w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) != recorded:
         b = builder(w)
         b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
         b.set(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION), recorded)
         plan.actions.append(patch_step(b, Step.HOLD))
+        if obs.turn is not None and obs.turn.front and not before.startswith(_where(obs)):
+            plan.actions.append(_front_of_queue(w, obs))  # it tried behind the front, and is the front now
     plan.requeue(timeout - (now - since).total_seconds())
     plan.outcome = Outcome.WAITING
     return plan

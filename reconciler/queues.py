@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raygate.core import keys, preemption, queueing
 from raygate.core.conditions import conditions
@@ -89,6 +89,7 @@ class _Queue:
     rules: Rules
     jobs: list[Waiting]  # in order
     askers: frozenset[Key] = frozenset()
+    parked: list[tuple[int, str, str]] = field(default_factory=list)  # the order of its jobs that never fit, sorted
     freed: str = ""  # RFC 3339: when capacity last freed (answers before it are out of date)
 
 
@@ -111,6 +112,8 @@ class QueueIndex:
             q.rules = rules
             i = bisect.bisect_left(q.jobs, job.order, key=_order)
             q.jobs.insert(i, job)
+            if job.parked:
+                bisect.insort(q.parked, job.order)
             self._where[job.key] = (queue, job)
             changed |= self._neighbour(q, i + 1) | self._reask(queue)
         self._notify(changed)
@@ -168,10 +171,7 @@ class QueueIndex:
             if found is None:
                 return None
             q = self._queues[found[0]]
-            i = self._index(q, found[1])
-            if key in q.askers:
-                return Turn(True, i + 1, len(q.jobs))
-            return Turn(False, i + 1, len(q.jobs), q.jobs[i - 1].name if i else None)
+            return queueing.turn_at(q.jobs, self._index(q, found[1]), key in q.askers, q.parked)
 
     def lengths(self) -> dict[str, int]:
         with self._lock:
@@ -199,6 +199,8 @@ class QueueIndex:
         q = self._queues[name]
         i = self._index(q, job)
         del q.jobs[i]
+        if job.parked:
+            q.parked.remove(job.order)
         return (self._neighbour(q, i) | self._reask(name)) - {key}
 
     @staticmethod

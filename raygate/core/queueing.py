@@ -18,6 +18,7 @@ Pure: jobs in, turns out. Positions are computed when asked, never written per j
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -106,8 +107,18 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
 def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[Key, Turn]:
     """Each job's turn, `queue` in order (for tests and status; the reconciler keeps only the askers)."""
     may = set(askers(queue, strategy, lookahead, freed))
-    return {j.key: Turn(j.key in may, i + 1, len(queue), None if j.key in may else queue[i - 1].name)
-            for i, j in enumerate(queue)}
+    parked = [j.order for j in queue if j.parked]
+    return {j.key: turn_at(queue, i, j.key in may, parked) for i, j in enumerate(queue)}
+
+
+def turn_at(queue: Sequence[Waiting], i: int, may_ask: bool, parked: Sequence[tuple[int, str, str]]) -> Turn:
+    """The turn of the job at `i` of `queue` (in order); `parked`: the order of its jobs that never fit, sorted.
+    Those are out of the way: not counted ahead of anyone, nor named as the job one waits behind."""
+    j = i - 1
+    while j >= 0 and queue[j].parked:  # parked jobs are few: a short walk
+        j -= 1
+    ahead = bisect.bisect_left(parked, queue[i].order)
+    return Turn(may_ask, i + 1 - ahead, len(queue) - len(parked), None if may_ask or j < 0 else queue[j].name)
 
 
 # --- what a held job is, to its queue -------------------------------------------------------------

@@ -75,3 +75,13 @@ def test_a_job_no_node_group_can_hold_keeps_its_request_out_of_the_way_of_the_jo
     parked = Waiting(Key("RayJob", "ns", "toobig"), 0, "2030-01-01T00:00:00Z", "uid-toobig", None, ONE_NODE, True)
     queue = [parked, job("q1", 1), job("q2", 2)]
     assert may_ask(queue, Strategy.STRICT_FIFO) == ["toobig", "q1"]
+
+
+def test_a_job_that_never_fits_is_out_of_the_way_of_positions_too() -> None:
+    """The job behind it is the front: position 1, waiting behind nobody, and it is the one to ask."""
+    toobig = Waiting(Key("RayJob", "ns", "toobig"), 0, "2030-01-01T00:00:00Z", "uid-toobig", parked=True)
+    queue = ordered([toobig, job("next", 1), job("last", 2)])
+    got = turns(queue, Strategy.STRICT_FIFO, 8)
+    front, last = got[("RayJob", "ns", "next")], got[("RayJob", "ns", "last")]
+    assert (front.may_ask, front.position, front.length, front.front) == (True, 1, 2, True)
+    assert (last.position, last.behind) == (2, "RayJob ns/next")
