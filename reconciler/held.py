@@ -522,7 +522,12 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     priority whose bookings cover its gang, and asks again once their pods are gone (capacity freed). None: it
     waits as any front does (nobody to preempt, or it waits for those it preempted)."""
     at, _, jobs = str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or "").partition(" ")
-    if (since := parse_time(at)) is not None and not ((freed := parse_time(obs.freed)) and freed > since):
+    since = parse_time(at)
+    freed = parse_time(obs.freed)
+    # It waits for its victims' pods to go; not for longer than provisionedTimeoutSeconds (a victim that was no
+    # longer running frees nothing), after which it may preempt again.
+    if since is not None and not (freed and freed > since) and \
+            (now - since).total_seconds() < rules.policy.provisioning.provisioned_timeout_seconds:
         hold(w, f"{_where(obs)}it preempted {jobs.replace(',', ', ')} at {at} to make room; it asks the "
              "cluster-autoscaler again when their pods are gone", "Preempting", plan, at)
         plan.outcome = Outcome.WAITING

@@ -117,3 +117,14 @@ def test_a_preempted_job_goes_back_to_its_queue_in_the_same_attempt_and_says_for
     assert annotations[keys.ATTEMPT_ANNOTATION] == "2"  # it failed nothing
     assert keys.ADMITTED_AT_ANNOTATION not in annotations
     assert "to make room for RayJob ns/high" in annotations[keys.REASON_ANNOTATION]
+
+
+def test_a_front_whose_victims_freed_nothing_may_preempt_again_after_provisioned_timeout_seconds() -> None:
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
+    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    later = NOW + dt.timedelta(seconds=301)  # provisionedTimeoutSeconds is 300 here
+    plan = decide(after, preempting(other), policy(), later)
+    assert plan.outcome is Outcome.PREEMPTING and "preempt RayJob ns/other" in kinds(plan)
