@@ -610,8 +610,9 @@ class Controller:
             if created is not None:
                 waited = max((now - created).total_seconds(), 0.0)
                 metrics.ADMISSION_SECONDS.labels(w.kind).observe(waited)
-                if (queue := self.queues.queue_of(Key(w.kind, w.namespace, w.name))) is not None:
-                    metrics.HELD_SECONDS.labels(queue).observe(waited)
+                policy = self.config.config.policy_for(w.namespace)
+                if for_object(policy, w.annotations).books:  # it waited in its namespace's queue
+                    metrics.HELD_SECONDS.labels(policy.queue).observe(waited)
 
     def _create(self, action: Create) -> bool:
         """Create a child; AlreadyExists is success (a replay after a crash). True when newly created."""

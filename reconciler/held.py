@@ -8,7 +8,7 @@ children, rules, now) -> plan.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from raygate.core import booking, keys, limits, preemption
 from raygate.core import quantity as q
@@ -571,6 +571,7 @@ def preempted(w: Workload, obs: Observed, rules: ObjectRules) -> Plan:
     b = builder(w)
     b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
     why = f"preempted at {when} to make room for {who}, of higher priority; it waits in its queue again"
+    obs = replace(obs, queue=rules.policy.queue)  # a running job is in no queue until it is held again
     plan = _withdraw(w, obs, needs, positive_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1, _rounds(w),
                      why, b)
     plan.actions.append(Emit("Preempted", f"suspended to make room for {who}, of higher priority", warning=True,

@@ -116,7 +116,8 @@ def test_a_preempted_job_goes_back_to_its_queue_in_the_same_attempt_and_says_for
     annotations = after["metadata"]["annotations"]
     assert annotations[keys.ATTEMPT_ANNOTATION] == "2"  # it failed nothing
     assert keys.ADMITTED_AT_ANNOTATION not in annotations
-    assert "to make room for RayJob ns/high" in annotations[keys.REASON_ANNOTATION]
+    assert annotations[keys.REASON_ANNOTATION].startswith("in queue default: preempted at 2030-01-01T12:00:00.000Z "
+                                                          "to make room for RayJob ns/high")
 
 
 def test_a_front_whose_victims_freed_nothing_may_preempt_again_after_provisioned_timeout_seconds() -> None:
