@@ -94,10 +94,11 @@ def title(side: str) -> str:
     return TITLES.get(side, side)
 
 
-def rayjob(name: str, side: str, namespace: str = NAMESPACE) -> JSON:
+def rayjob(name: str, side: str, namespace: str = NAMESPACE, *, workers: int = WORKERS,
+           gpus_per_worker: int = GPUS_PER_WORKER) -> JSON:
     """The same RayJob for both sides; Kueue's carries its queue label, its documented opt-in (raygate's
-    opt-in is a label on the namespace). One 4-GPU node's worth of GPU workers."""
-    res = {"cpu": "1", "memory": "1Gi", GPU: str(GPUS_PER_WORKER)}
+    opt-in is a label on the namespace). One 4-GPU node's worth of GPU workers by default."""
+    res = {"cpu": "1", "memory": "1Gi", GPU: str(gpus_per_worker)}
     head = {"cpu": "500m", "memory": "1Gi"}
     obj: JSON = {
         "apiVersion": "ray.io/v1", "kind": "RayJob",
@@ -109,7 +110,7 @@ def rayjob(name: str, side: str, namespace: str = NAMESPACE) -> JSON:
                     "name": "ray-head", "image": "rayproject/ray:2.46.0",
                     "resources": {"requests": head, "limits": head}}]}}},
                 "workerGroupSpecs": [{
-                    "groupName": "gpu", "replicas": WORKERS, "minReplicas": WORKERS, "maxReplicas": WORKERS,
+                    "groupName": "gpu", "replicas": workers, "minReplicas": workers, "maxReplicas": workers,
                     "rayStartParams": {}, "template": {"spec": {"containers": [{
                         "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
                         "resources": {"requests": res, "limits": res}}]}}}],

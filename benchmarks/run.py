@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, e2e, scarce, volcano, podgate, native, fuzz, soak).
+memory, startup, capacity, e2e, scarce, preempt, volcano, podgate, native, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "e2e",
-                            "scarce", "volcano", "podgate", "native", "fuzz", "soak", "all"])
+                            "scarce", "preempt", "volcano", "podgate", "native", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "best-effort-atomic); the jobs run in namespace bench-scarce")
     sc.add_argument("--scarce-timeout", type=float, default=1800.0,
                     help="give up on a side after this many seconds (default %(default)s)")
+    pr = p.add_argument_group("preempt (issue 31: a high-priority RayJob for the only GPU node, held by a low one)")
+    pr.add_argument("--preempt-rounds", type=int, default=3,
+                    help="rounds, each the LowerPriority arm and the Never arm on one stack (default %(default)s)")
+    pr.add_argument("--preempt-low-seconds", type=float, default=60.0,
+                    help="the Never arm: the low job is deleted this many seconds after the high one is created "
+                         "(default %(default)s)")
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
@@ -142,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         native_bench,
         peer_bench,
         podgate_bench,
+        preempt_bench,
         reconciler_bench,
         scarce_bench,
         soak_bench,
@@ -154,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
         "capacity": capacity_bench.main, "e2e": e2e_bench.main,
-        "scarce": scarce_bench.main, "volcano": volcano_bench.main,
+        "scarce": scarce_bench.main, "preempt": preempt_bench.main, "volcano": volcano_bench.main,
         "podgate": podgate_bench.main, "native": native_bench.main,
         "fuzz": fuzz.main, "soak": soak_bench.main,
     }
