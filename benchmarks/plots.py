@@ -5,6 +5,7 @@ Small on purpose (about 800 pixels wide, few colours): docs/ keeps the latest co
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ def _sides(runs: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _colours(sides: Sequence[str]) -> dict[str, str]:
-    others = iter(BASELINE_COLOURS * len(sides))
+    others = itertools.cycle(BASELINE_COLOURS)
     return {s: COLOURS.get(s) or next(others) for s in sides}
 DPI = 80
 

@@ -37,6 +37,7 @@ from raygate.core.objects import JSON, metadata
 
 PREEMPT, NEVER = "preempt", "never"
 ARMS = (PREEMPT, NEVER)
+ARM_TITLES = {PREEMPT: "LowerPriority", NEVER: "Never"}  # what each arm's queue says of preemption
 NAMESPACES = {PREEMPT: "bench-preempt", NEVER: "bench-preempt-never"}
 QUEUES = {PREEMPT: "preempting", NEVER: "never"}
 HIGH_CLASS = "raygate-bench-high"
@@ -281,11 +282,7 @@ def summary_table(rounds: Sequence[Mapping[str, Mapping[str, Any]]], plan: Plan)
         rows.append([ARM_TITLES[arm], label, middle, *[_shown(r[arm][key], how) if arm in r else "-" for r in rounds]])
     return common.table(headers, rows, f"Preemption: a high-priority RayJob for the only GPU node, held by a "
                                        f"low-priority one ({plan.rounds} round{'s' * (plan.rounds != 1)}; Never: "
-                                       f"low deleted "
-                                       f"{plan.low_seconds:g} s after the high create)")
-
-
-ARM_TITLES = {PREEMPT: "LowerPriority", NEVER: "Never"}
+                                       f"low deleted {plan.low_seconds:g} s after the high create)")
 
 
 def messages_text(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
