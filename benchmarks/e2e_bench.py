@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import common
+from benchmarks import baseline, common
+from benchmarks.baseline import base_side
 from benchmarks.common import BenchError, Target
 from raygate.core import keys
 from raygate.core.api import NODES, PODS, RAYCLUSTERS, RAYJOBS, Resource, provisioning_requests
@@ -81,14 +82,23 @@ def raygate_config(provisioned_timeout: float | None) -> str:
     if provisioned_timeout is None:
         return RAYGATE_CONFIG
     return RAYGATE_CONFIG + f"    provisionedTimeoutSeconds: {provisioned_timeout:g}\n"
-CONTROLLERS = {"raygate": ("raygate-webhook", "raygate-reconciler"), "kueue": ("kueue",)}
+CONTROLLERS = {"raygate": ("raygate-webhook", "raygate-reconciler"), "kueue": ("kueue",)}  # by base side
 TITLES = {"raygate": "raygate", "kueue": "Kueue"}
+# Today's raygate against raygate@<ref> (issue: create -> every pod Running within 5 %, in one run).
+BASELINE_RATIO_LIMIT = 1.05
+BASELINE_MEASURES = ("create -> every Ray pod Running p50", "create -> every Ray pod Running p99")
 
 
-def rayjob(name: str, side: str, namespace: str = NAMESPACE) -> JSON:
+def title(side: str) -> str:
+    """A side's name in tables: its title, or as given (raygate@1e155ff)."""
+    return TITLES.get(side, side)
+
+
+def rayjob(name: str, side: str, namespace: str = NAMESPACE, *, workers: int = WORKERS,
+           gpus_per_worker: int = GPUS_PER_WORKER) -> JSON:
     """The same RayJob for both sides; Kueue's carries its queue label, its documented opt-in (raygate's
-    opt-in is a label on the namespace). One 4-GPU node's worth of GPU workers."""
-    res = {"cpu": "1", "memory": "1Gi", GPU: str(GPUS_PER_WORKER)}
+    opt-in is a label on the namespace). One 4-GPU node's worth of GPU workers by default."""
+    res = {"cpu": "1", "memory": "1Gi", GPU: str(gpus_per_worker)}
     head = {"cpu": "500m", "memory": "1Gi"}
     obj: JSON = {
         "apiVersion": "ray.io/v1", "kind": "RayJob",
@@ -100,7 +110,7 @@ def rayjob(name: str, side: str, namespace: str = NAMESPACE) -> JSON:
                     "name": "ray-head", "image": "rayproject/ray:2.46.0",
                     "resources": {"requests": head, "limits": head}}]}}},
                 "workerGroupSpecs": [{
-                    "groupName": "gpu", "replicas": WORKERS, "minReplicas": WORKERS, "maxReplicas": WORKERS,
+                    "groupName": "gpu", "replicas": workers, "minReplicas": workers, "maxReplicas": workers,
                     "rayStartParams": {}, "template": {"spec": {"containers": [{
                         "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
                         "resources": {"requests": res, "limits": res}}]}}}],
@@ -265,19 +275,24 @@ def setup_side(cp: Any, side: str, *, config: str = RAYGATE_CONFIG, namespace: s
                quota: dict[str, str] | None = None, strategy: str | None = None) -> dict[str, Any]:
     """Start the side's processes on the stack, for jobs in `namespace`; return the settings they run with.
 
-    raygate runs with `config` as raygate-config. Kueue's ClusterQueue (best-effort-atomic admission check on
-    GPU pod sets) has `quota` (default: ample) and queueingStrategy `strategy` (default: Kueue's own)."""
+    raygate runs with `config` as raygate-config; raygate@<ref> is raygate as of that git ref (benchmarks/baseline.py).
+    Kueue's ClusterQueue (best-effort-atomic admission check on GPU pod sets) has `quota` (default: ample) and
+    queueingStrategy `strategy` (default: Kueue's own)."""
     from benchmarks.peer_bench import QUOTA, RAYGATE_WEBHOOK, _wait_kueue_ready, kueue_objects
     from benchmarks.reconciler_bench import _kube, _wait_leader
     from raygate.devenv.kueue_local import client_defaults, start_kueue
 
     kube = _kube(str(cp.kubeconfig), 4)
-    if side == "raygate":
+    base, ref = baseline.split_side(side)
+    if base == "raygate":
+        source = baseline.checkout(ref) if ref else None
         common.start_raygate(cp, config, (namespace,), workers=RAYGATE_WEBHOOK["workers"],
-                             threads=RAYGATE_WEBHOOK["threads"])
+                             threads=RAYGATE_WEBHOOK["threads"], source=source)
         _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
         return {"config": config, "webhook": RAYGATE_WEBHOOK,
-                "reconciler": "defaults (64 workers, leader election on)", "pod_gate": True}
+                "reconciler": "defaults (64 workers, leader election on)", "pod_gate": True,
+                "source": f"{source} (git {ref}; its own webhook registration and reconciler RBAC)" if source
+                else "this checkout"}
     cp.kubectl("create", "namespace", namespace)
     local = start_kueue(cp)
     objs = kueue_objects(namespace, keys.BEST_EFFORT_ATOMIC_CLASS, quota or QUOTA, strategy)
@@ -414,7 +429,7 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         tracker = Tracker(set(names))
         watches = start_watches(cp, tracker, side)
         pids = cp.load_state().pids
-        sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[side]}).start()
+        sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[base_side(side)]}).start()
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         manifests = {name: rayjob(name, side) for name in names}
         # The autoscaler must be past its start-up (caches filled, a first loop run) before the first create:
@@ -445,7 +460,7 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         nodes = {name: {k: round(v - t0, 3) for k, v in m.items()} for name, m in tracker.nodes.items()}
         requests = {name: sorted(r) for name, r in tracker.requests_of.items()}
     writes_total = sum(writes["by_writer"].values()) - writes["by_writer"].get("raygate-bench", 0)
-    controller_writes = sum(writes["by_writer"].get(_writer_of(c), 0) for c in CONTROLLERS[side])
+    controller_writes = sum(writes["by_writer"].get(_writer_of(c), 0) for c in CONTROLLERS[base_side(side)])
     return {
         "side": side, "jobs": n, "settings": settings, "layout": asdict(layout),
         "autoscaler_args": layout.autoscaler_args(), "create_seconds": round(create_s, 2),
@@ -483,7 +498,8 @@ def _median(values: list[float]) -> float:
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per (side, jobs): the median over rounds of each run's figures."""
     out: dict[str, dict[str, float]] = {}
-    for key in sorted({(r["jobs"], r["side"]) for r in runs}, key=lambda k: (k[0], SIDES.index(k[1]))):
+    for key in sorted({(r["jobs"], r["side"]) for r in runs}, key=lambda k: (k[0], SIDES.index(base_side(k[1])),
+                                                                               k[1])):
         n, side = key
         mine = [r for r in runs if r["jobs"] == n and r["side"] == side]
         row: dict[str, float] = {"runs": float(len(mine))}
@@ -497,7 +513,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                                                             for r in mine])
         row["API writes per job, all writers"] = _median([r["writes_per_job"] for r in mine])
         row["API writes per job, the side's own"] = _median([r["controller_writes_per_job"] for r in mine])
-        procs = CONTROLLERS[side]
+        procs = CONTROLLERS[base_side(side)]
         row["CPU s, the side's processes"] = _median([sum(r["cpu_seconds_by_process"].get(p, 0) for p in procs)
                                                       for r in mine])
         row["peak RSS MB, the side's processes"] = _median([sum(r["peak_rss_mb_by_process"].get(p, 0) for p in procs)
@@ -524,7 +540,10 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     report: JSON = {"benchmark": "e2e", "started": common.now_iso(), "machine": common.machine_info()}
     logging.getLogger("raygate").setLevel(logging.ERROR)  # our watches complain when a stack stops
-    sides = [s for s in SIDES if s in args.e2e_sides]
+    sides = baseline.check_sides(args.e2e_sides, SIDES)
+    for side in sides:  # exported before any stack starts: a ref that names no commit stops the run here
+        if (ref := baseline.split_side(side)[1]) is not None:
+            baseline.checkout(ref)
     print(f"bench: e2e: {', '.join(map(str, args.e2e_jobs))} GPU RayJobs, {args.e2e_rounds} rounds of "
           f"{', '.join(sides)}; load average {report['machine']['loadavg_at_start']}", flush=True)
     runs: list[dict[str, Any]] = []
@@ -532,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
         for n in args.e2e_jobs:
             order = sides if rnd % 2 == 0 else list(reversed(sides))  # neither always has the quieter slot
             for side in order:
-                print(f"bench: round {rnd + 1}: {TITLES[side]}, {n} jobs", flush=True)
+                print(f"bench: round {rnd + 1}: {title(side)}, {n} jobs", flush=True)
                 r = run_one(side, n, args.timeout, args.e2e_provisioned_timeout)
                 r["round"] = rnd + 1
                 runs.append(r)
@@ -541,11 +560,14 @@ def main(args: argparse.Namespace) -> int:
                       f"{c['p99']:.1f}s; last {r['first_create_to_last_running_s']}s; {r['gpu_nodes_added']} GPU "
                       f"nodes; load {r['loadavg_after']}", flush=True)
     agg = aggregate(runs)
+    against = baseline_comparison(agg, args.e2e_jobs, sides)
     report.update({"runs": runs, "median": agg, "rounds": args.e2e_rounds, "jobs": args.e2e_jobs,
-                   "differences": DIFFERENCES})
-    targets = [Target(f"{TITLES[s]}: create -> every pod Running p99 ({n} jobs)",
+                   "differences": DIFFERENCES, "against_baseline": against})
+    targets = [Target(f"{title(s)}: create -> every pod Running p99 ({n} jobs)",
                       agg[f"{s} {n}"]["create -> every Ray pod Running p99"], "<=", P99_TARGET_S.get(n, math.inf), "s")
                for n in args.e2e_jobs for s in sides if f"{s} {n}" in agg]
+    targets += [Target(f"raygate / {c['baseline']}: {c['measure']} ({c['jobs']} jobs)", c["ratio"], "<=",
+                       BASELINE_RATIO_LIMIT, "x") for c in against]
     from benchmarks import plots
 
     report["pictures"] = [str(p) for p in plots.e2e(runs, common.OUT_DIR)]
@@ -555,6 +577,9 @@ def main(args: argparse.Namespace) -> int:
     print()
     print(phases_table(runs, args.e2e_jobs, sides))
     print()
+    if against:
+        print(baseline_table(against))
+        print()
     print(settings_text(runs))
     print()
     print("pictures: " + ", ".join(report["pictures"]))
@@ -574,17 +599,44 @@ SUMMARY_ROWS = ("create -> request exists p50", "create -> request exists p99", 
 
 def summary_table(agg: dict[str, dict[str, float]], jobs: list[int], sides: list[str]) -> str:
     cols = [f"{s} {n}" for n in jobs for s in sides if f"{s} {n}" in agg]
-    headers = ["measure (median of rounds)", *[f"{TITLES[c.split()[0]]}, {c.split()[1]} jobs" for c in cols]]
+    headers = ["measure (median of rounds)", *[f"{title(c.split()[0])}, {c.split()[1]} jobs" for c in cols]]
     rows = [[label, *[_cell(label, agg[c][label]) for c in cols]] for label in SUMMARY_ROWS]
     rows.append(["GPU nodes needed", *[c.split()[1] for c in cols]])
     return common.table(headers, rows, "GPU RayJobs from create to every Ray pod Running: raygate and Kueue on the "
                                        "same stack (real cluster-autoscaler, KWOK nodes, kube-scheduler, KubeRay)")
 
 
+def baseline_comparison(agg: dict[str, dict[str, float]], jobs: list[int], sides: list[str]) -> list[dict[str, Any]]:
+    """For each job count and each raygate@<ref> side: today's raygate against it, create -> every Ray pod Running
+    p50 and p99 (medians of rounds), and today / then (below 1: today is faster)."""
+    out: list[dict[str, Any]] = []
+    for n in jobs:
+        today = agg.get(f"raygate {n}")
+        for side in sides:
+            then = agg.get(f"{side} {n}")
+            if today is None or then is None or baseline.split_side(side)[1] is None:
+                continue
+            for measure in BASELINE_MEASURES:
+                ratio = today[measure] / then[measure] if then[measure] else math.nan
+                out.append({"jobs": n, "baseline": side, "measure": measure, "raygate_s": today[measure],
+                            "baseline_s": then[measure], "ratio": ratio})
+    return out
+
+
+def baseline_table(rows: list[dict[str, Any]]) -> str:
+    return common.table(
+        ["jobs", "measure (median of rounds)", "against", "raygate", "then", "raygate / then"],
+        [[str(r["jobs"]), r["measure"], r["baseline"], _cell(r["measure"], r["raygate_s"]),
+          _cell(r["measure"], r["baseline_s"]), "n/a" if math.isnan(r["ratio"]) else f"{r['ratio']:.3f}"]
+         for r in rows],
+        f"raygate against an earlier raygate on the same stack (within {BASELINE_RATIO_LIMIT - 1:.0%}: a ratio "
+        f"<= {BASELINE_RATIO_LIMIT:g})")
+
+
 def phases_table(runs: list[dict[str, Any]], jobs: list[int], sides: list[str]) -> str:
     """Where a job's time goes, per phase (p50 / max over every job of every round), and the autoscaler's loop."""
     n = max(jobs)
-    headers = ["phase (whose part)", *[f"{TITLES[s]} p50 / max s" for s in sides]]
+    headers = ["phase (whose part)", *[f"{title(s)} p50 / max s" for s in sides]]
     rows = []
     for label, a, b, whose in PHASES:
         row = [f"{label} ({whose})"]
@@ -640,10 +692,10 @@ def settings_text(runs: list[dict[str, Any]]) -> str:
     lines = ["How each side ran (everything else is the same: the stack, the node group, the jobs, the watches):"]
     for side, r in seen.items():
         s = r["settings"]
-        if side == "raygate":
-            lines.append(f"- raygate: webhook {s['webhook']['workers']} workers x {s['webhook']['threads']} threads; "
-                         f"reconciler {s['reconciler']}; pod gate on; raygate-config: "
-                         + " ".join(s["config"].split()))
+        if base_side(side) == "raygate":
+            lines.append(f"- {side}: webhook {s['webhook']['workers']} workers x {s['webhook']['threads']} threads; "
+                         f"reconciler {s['reconciler']}; pod gate on; code: {s.get('source', 'this checkout')}; "
+                         "raygate-config: " + " ".join(s["config"].split()))
         else:
             cc = s["effective_client_connection"]
             lines.append(f"- Kueue: client QPS {cc['qps']:g}, burst {cc['burst']:g}; leaderElect "

@@ -5,12 +5,25 @@ Small on purpose (about 800 pixels wide, few colours): docs/ keeps the latest co
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 COLOURS = {"raygate": "#1f77b4", "kueue": "#d62728", "kueue-helm": "#ff7f0e"}
 TITLES = {"raygate": "raygate", "kueue": "Kueue", "kueue-helm": "Kueue (Helm chart)"}
+BASELINE_COLOURS = ("#9467bd", "#8c564b", "#17becf")  # raygate@<ref> sides, in the order they come
+
+
+def _sides(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The sides that ran, known ones first in COLOURS' order, then raygate@<ref> ones as they came."""
+    seen = list(dict.fromkeys(r["side"] for r in runs))
+    return [s for s in COLOURS if s in seen] + [s for s in seen if s not in COLOURS]
+
+
+def _colours(sides: Sequence[str]) -> dict[str, str]:
+    others = itertools.cycle(BASELINE_COLOURS)
+    return {s: COLOURS.get(s) or next(others) for s in sides}
 DPI = 80
 
 
@@ -54,14 +67,15 @@ def e2e(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     panels = (("create -> request exists", "created", "request", 1.0, "s"),
               ("Provisioned -> unsuspended", "provisioned", "unsuspended", 1000.0, "ms"),
               ("create -> every Ray pod Running", "created", "running", 1.0, "s"))
-    sides = [s for s in COLOURS if any(r["side"] == s for r in runs)]
+    sides = _sides(runs)
+    colours = _colours(sides)
     for n in sorted({r["jobs"] for r in runs}):
         fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.2), dpi=DPI)
         for ax, (title, a, b, scale, unit) in zip(axes, panels, strict=True):
             for side in sides:
                 values = [v * scale for r in runs if r["side"] == side and r["jobs"] == n
                           for v in _deltas(r["marks"], a, b)]
-                _cdf(ax, values, TITLES[side], COLOURS[side])
+                _cdf(ax, values, TITLES.get(side, side), colours[side])
             ax.set_title(title, fontsize=10)
             ax.set_xlabel(unit + (", log scale" if unit == "ms" else ""))
             if unit == "ms":  # tens of milliseconds against a tail of seconds
@@ -81,11 +95,11 @@ def e2e(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     last = {side: max((r for r in runs if r["side"] == side and r["jobs"] == n), key=lambda r: r["round"])
             for side in sides}
     if last:
-        written.append(_timeline(plt, last, n, out / f"e2e-timeline-{n}.png"))
+        written.append(_timeline(plt, last, colours, n, out / f"e2e-timeline-{n}.png"))
     return written
 
 
-def _timeline(plt: Any, runs: dict[str, dict[str, Any]], n: int, path: Path) -> Path:
+def _timeline(plt: Any, runs: dict[str, dict[str, Any]], colours: dict[str, str], n: int, path: Path) -> Path:
     """Per job a bar: held (create -> Provisioned), provisioned (-> every pod Running), running; and the GPU
     nodes the autoscaler added, over time."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.6 * len(runs)), dpi=DPI, sharex=True, squeeze=False)
@@ -102,13 +116,13 @@ def _timeline(plt: Any, runs: dict[str, dict[str, Any]], n: int, path: Path) -> 
                 ax.hlines(y, running, end, color="#2ca02c", linewidth=2)
         ax.set_ylabel("job")
         ax.set_ylim(-1, len(jobs))
-        ax.set_title(f"{TITLES[side]}: held (grey), Provisioned until every pod Running (orange), Running (green)",
-                     fontsize=9)
+        ax.set_title(f"{TITLES.get(side, side)}: held (grey), Provisioned until every pod Running (orange), Running "
+                     "(green)", fontsize=9)
         nodes = sorted(v["added"] for v in r["gpu_nodes"].values() if "added" in v)
         twin = ax.twinx()
         twin.step([0.0, *nodes, end], [0, *range(1, len(nodes) + 1), len(nodes)], where="post",
-                  color=COLOURS[side], linewidth=1.2)
-        twin.set_ylabel("GPU nodes", color=COLOURS[side])
+                  color=colours[side], linewidth=1.2)
+        twin.set_ylabel("GPU nodes", color=colours[side])
         twin.set_ylim(0, max(len(nodes), 1) * 1.05)
         ax.grid(alpha=0.3, axis="x")
     axes[-1, 0].set_xlabel("seconds since the first create")

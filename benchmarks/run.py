@@ -1,5 +1,5 @@
 """`python -m benchmarks.run [NAME|all]` (`make bench` runs all: webhook, webhook-peer, reconciler, peer,
-memory, startup, capacity, e2e, scarce, volcano, podgate, native, fuzz, soak).
+memory, startup, capacity, e2e, scarce, preempt, volcano, podgate, native, fuzz, soak).
 
 Each benchmark prints tables and writes build/bench/<name>.json with the figures, the targets,
 whether each was met, and the machine it ran on. The exit code is 0 when the benchmark ran, even if
@@ -13,6 +13,9 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
+
+# The raygate the e2e benchmark compares today's with: main before the queue (issues 30 and 31).
+BASELINE_REF = "1e155ff"
 
 
 def _settings(text: str) -> list[tuple[int, int]]:
@@ -47,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     p.add_argument("which", nargs="?", default="all",
                    choices=["webhook", "webhook-peer", "reconciler", "peer", "memory", "startup", "capacity", "e2e",
-                            "scarce", "volcano", "podgate", "native", "fuzz", "soak", "all"])
+                            "scarce", "preempt", "volcano", "podgate", "native", "fuzz", "soak", "all"])
     w = p.add_argument_group("webhook")
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
@@ -87,8 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--e2e-jobs", type=_ints, default=[20, 100],
                    help="GPU RayJobs created at once per run, one fresh stack per side and count (default 20,100)")
     e.add_argument("--e2e-rounds", type=int, default=2, help="rounds, the sides taking turns (default %(default)s)")
-    e.add_argument("--e2e-sides", type=lambda t: t.split(","), default=["raygate", "kueue"],
-                   help="comma-separated sides (default raygate,kueue)")
+    e.add_argument("--e2e-sides", type=lambda t: t.split(","), default=["raygate", f"raygate@{BASELINE_REF}", "kueue"],
+                   help="comma-separated sides: raygate, kueue, and raygate@<git ref> for raygate as of that ref "
+                        "(exported once into raygate's cache), compared with today's (default raygate,"
+                        f"raygate@{BASELINE_REF},kueue; {BASELINE_REF}: main before the queue)")
     e.add_argument("--e2e-provisioned-timeout", type=float, default=None,
                    help="raygate's provisionedTimeoutSeconds on the raygate side (default: raygate's default)")
     sc = p.add_argument_group("scarce (issue 30: one-node jobs in order on a node group of max 2, raygate and Kueue)")
@@ -110,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "best-effort-atomic); the jobs run in namespace bench-scarce")
     sc.add_argument("--scarce-timeout", type=float, default=1800.0,
                     help="give up on a side after this many seconds (default %(default)s)")
+    pr = p.add_argument_group("preempt (issue 31: a high-priority RayJob for the only GPU node, held by a low one)")
+    pr.add_argument("--preempt-rounds", type=int, default=3,
+                    help="rounds, each the LowerPriority arm and the Never arm on one stack (default %(default)s)")
+    pr.add_argument("--preempt-low-seconds", type=float, default=60.0,
+                    help="the Never arm: the low job is deleted this many seconds after the high one is created "
+                         "(default %(default)s)")
     v = p.add_argument_group("volcano")
     v.add_argument("--volcano-clusters", type=_ints, default=[20],
                    help="RayClusters created at once in volcano mode, one fresh cluster per figure (default 20)")
@@ -137,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         native_bench,
         peer_bench,
         podgate_bench,
+        preempt_bench,
         reconciler_bench,
         scarce_bench,
         soak_bench,
@@ -149,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "webhook": webhook_bench.main, "webhook-peer": webhook_bench.peer_main, "reconciler": reconciler_bench.main,
         "peer": peer_bench.main, "memory": memory_bench.main, "startup": startup_bench.main,
         "capacity": capacity_bench.main, "e2e": e2e_bench.main,
-        "scarce": scarce_bench.main, "volcano": volcano_bench.main,
+        "scarce": scarce_bench.main, "preempt": preempt_bench.main, "volcano": volcano_bench.main,
         "podgate": podgate_bench.main, "native": native_bench.main,
         "fuzz": fuzz.main, "soak": soak_bench.main,
     }

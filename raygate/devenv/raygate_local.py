@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import ssl
+import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from raygate.core import keys, pki
 from raygate.core.errors import RaygateError
@@ -65,8 +68,54 @@ def ensure_system_namespace(cp: ControlPlane) -> None:
         cp.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE)
 
 
+def process_env(source: Path | None) -> dict[str, str]:
+    """What a raygate process gets besides os.environ: IMAGE_ENV, and with `source` (another checkout of raygate,
+    its root) PYTHONPATH=<source> ahead of anything set, so that checkout's raygate is imported (its raygate/webhook,
+    reconciler and certs are symlinks to its own top-level folders). The processes run in the control plane's
+    workdir, so this checkout's folders are not on their path."""
+    if source is None:
+        return IMAGE_ENV
+    return {**IMAGE_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(source), os.environ.get("PYTHONPATH")) if p)}
+
+
+# Where a checkout keeps `configurations()`: raygate/devenv since issue 29, the webhook before.
+_REGISTRATION_MODULES = ("raygate.devenv.registration", "raygate.webhook.registration")
+_PRINT_REGISTRATION = """
+import importlib, json, sys
+url, ca, policy, modules = sys.argv[1], sys.argv[2].encode(), sys.argv[3], sys.argv[4:]
+for module in modules:
+    try:
+        configurations = importlib.import_module(module).configurations
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        continue
+    print(json.dumps(list(configurations(url, ca, policy))))
+    break
+else:
+    sys.exit("no webhook registration module: " + ", ".join(modules))
+"""
+
+
+def registration(url: str, ca_pem: bytes, failure_policy: str, source: Path | None = None) -> list[dict[str, Any]]:
+    """The webhook configurations to register for a webhook at `url`: this tree's, or with `source` that checkout's
+    own (read in a process that imports it), which names only what its webhook serves."""
+    if source is None:
+        return list(configurations(url, ca_pem, failure_policy))
+    out = subprocess.run([sys.executable, "-c", _PRINT_REGISTRATION, url, ca_pem.decode(), failure_policy,
+                          *_REGISTRATION_MODULES], cwd=source, env={**os.environ, **process_env(source)},
+                         capture_output=True, text=True, check=False, timeout=60)
+    if out.returncode != 0:
+        raise RaygateError(f"could not read the webhook registration of {source}: {out.stderr.strip()}")
+    configs: list[dict[str, Any]] = json.loads(out.stdout)
+    return configs
+
+
 def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, register: bool = True,
-                  failure_policy: str = "Fail", name: str = "raygate-webhook") -> LocalWebhook:
+                  failure_policy: str = "Fail", name: str = "raygate-webhook",
+                  source: Path | None = None) -> LocalWebhook:
+    """raygate's webhook under gunicorn with a fresh certificate, registered by URL unless `register` is false.
+    `source`: run another checkout of raygate (its root), registered as that checkout registers it."""
     state = cp.load_state()
     if state is None:
         raise RaygateError("start the control plane before the webhook")
@@ -78,18 +127,27 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
         "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file), "--kubeconfig", str(cp.kubeconfig),
         "--namespace", keys.SYSTEM_NAMESPACE, "--workers", str(workers), "--threads", str(threads),
         "--worker-tmp-dir", str(cp.workdir / name),
-    ], env=IMAGE_ENV)
+    ], env=process_env(source))
     hook = LocalWebhook(f"https://127.0.0.1:{port}", ca_file)
     cp.wait_for(state, name, lambda: hook.readyz()[0] == 200, 30)
     if register:
-        for obj in configurations(hook.url, ca_file.read_bytes(), failure_policy):
+        for obj in registration(hook.url, ca_file.read_bytes(), failure_policy, source):
             cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
     return hook
 
 
 RECONCILER_USER = f"system:serviceaccount:{keys.SYSTEM_NAMESPACE}:{keys.RECONCILER_SERVICE_ACCOUNT}"
-RECONCILER_RBAC = Path(__file__).resolve().parents[2] / "config" / "base" / "rbac-reconciler.yaml"
+RBAC_DIR = Path("config") / "base"
+RECONCILER_RBAC = Path(__file__).resolve().parents[2] / RBAC_DIR / "rbac-reconciler.yaml"
 CERTS_RBAC = RECONCILER_RBAC.with_name("rbac-certs.yaml")
+
+
+def reconciler_rbac(source: Path | None = None) -> tuple[Path, Path]:
+    """The install's grants for the reconciler (jobs, and the webhook configurations): this tree's, or those of
+    the checkout `source`."""
+    if source is None:
+        return RECONCILER_RBAC, CERTS_RBAC
+    return source / RBAC_DIR / RECONCILER_RBAC.name, source / RBAC_DIR / CERTS_RBAC.name
 
 
 def unregister_webhook(cp: ControlPlane) -> None:
@@ -105,16 +163,18 @@ def stop_webhook(cp: ControlPlane, name: str = "raygate-webhook") -> None:
     cp.stop_process(name)
 
 
-def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler", impersonate: bool = True) -> None:
+def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconciler", impersonate: bool = True,
+                     source: Path | None = None) -> None:
     """The reconciler acts as its service account (impersonated, with the install's RBAC), so the
-    webhook's guard trusts its writes to held jobs exactly as in a cluster install."""
+    webhook's guard trusts its writes to held jobs exactly as in a cluster install. `source`: run another
+    checkout of raygate (its root), with that checkout's RBAC."""
     state = cp.load_state()
     if state is None:
         raise RaygateError("start the control plane before the reconciler")
     ensure_system_namespace(cp)
     as_user: list[str] = []
     if impersonate:
-        for rbac in (RECONCILER_RBAC, CERTS_RBAC):  # the install's grants: jobs, and the webhook configurations
+        for rbac in reconciler_rbac(source):
             cp.kubectl("apply", "-f", str(rbac))
         as_user = ["--as", RECONCILER_USER]
     cp.spawn(state, name, [
@@ -122,7 +182,7 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
         "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0",
         # The local webhook is registered by URL with its own certificate: nothing to renew here.
         "--no-manage-certs", *as_user, *extra,
-    ], env=IMAGE_ENV)
+    ], env=process_env(source))
 
 
 def reconciler_metrics_port(cp: ControlPlane, name: str = "raygate-reconciler") -> int | None:

@@ -1,11 +1,11 @@
 """`make bench` keeps printing what the project claims: the benchmarks run end to end, small.
 
-The burst, the side-by-side with Kueue, the end-to-end comparison on the real autoscaler and the scarce-capacity
-comparison run as `make bench` runs them (`python -m benchmarks.run`, their own fresh control planes), with a
-handful of jobs; the soak for 2 minutes instead of 30. Nothing here judges a figure: speed and memory live in
-`make bench`. What is asserted is what a reader of its output relies on: every job was admitted, the tables are
-printed, and the JSON holds the figures they show; and for the soak, the invariants it checks (they are
-correctness, not figures) all hold.
+The burst, the side-by-side with Kueue, the end-to-end comparison on the real autoscaler, the scarce-capacity
+comparison and the preemption benchmark run as `make bench` runs them (`python -m benchmarks.run`, their own fresh
+control planes), with a handful of jobs; the soak for 2 minutes instead of 30. Nothing here judges a figure: speed
+and memory live in `make bench`. What is asserted is what a reader of its output relies on: every job was admitted,
+the tables are printed, and the JSON holds the figures they show; and for the soak, the invariants it checks (they
+are correctness, not figures) all hold.
 """
 
 from __future__ import annotations
@@ -99,7 +99,9 @@ def test_a_short_soak_with_kills_ends_with_every_invariant_holding(tmp_path: Pat
 def test_the_e2e_comparison_runs_every_job_on_both_sides_and_draws_its_pictures(tmp_path: Path) -> None:
     from benchmarks.e2e_bench import MILESTONES, SUMMARY_ROWS
 
-    out, report = run_bench(tmp_path, "e2e", "--e2e-jobs", "2", "--e2e-rounds", "1")
+    # Not the earlier raygate `make bench` also runs (raygate@<ref>): a third stack; tests/unit/test_e2e_baseline.py
+    # covers its export and registration.
+    out, report = run_bench(tmp_path, "e2e", "--e2e-jobs", "2", "--e2e-rounds", "1", "--e2e-sides", "raygate,kueue")
     runs = report["runs"]
     assert sorted(r["side"] for r in runs) == ["kueue", "raygate"]
     for r in runs:
@@ -166,3 +168,24 @@ def _nodes_at_once(nodes: dict[str, dict[str, float]]) -> list[int]:
         now += step
         counts.append(now)
     return counts
+
+
+@pytest.mark.integration
+@pytest.mark.kuberay
+@pytest.mark.timeout(960)  # run_bench gives up after 900 s
+def test_the_preemption_benchmark_preempts_in_one_queue_and_waits_in_the_other(tmp_path: Path) -> None:
+    out, report = run_bench(tmp_path, "preempt", "--preempt-rounds", "1", "--preempt-low-seconds", "10",
+                            "--timeout", "240")
+    (r,) = report["runs"]
+    preempt, never = r["preempt"], r["never"]
+    assert preempt["gave_up"] is None and never["gave_up"] is None, (preempt, never)
+    # LowerPriority: the low job was suspended for the high one, said so in an Event, and ran again after it.
+    assert preempt["high_ran"] and preempt["low_preempted_event"] and preempt["low_ran_again"], preempt
+    assert "bench-preempt/high" in preempt["preempted_message"]
+    # Never: the low job ran on until the benchmark deleted it; only then did the high one run.
+    assert never["low_ran_until_deleted"] and not never["low_preempted_event"], never
+    assert never["high_ran"] and never["low_deleted_to_high_running_s"] > 0, never
+    assert report["all_targets_met"], report["targets"]
+    for title in ("Preemption: a high-priority RayJob", "high create -> every high pod Running",
+                  "low's Events say Preempted", "round 1", "Targets"):
+        assert title in out, f"{title!r} not printed"
