@@ -186,6 +186,17 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
         kube.delete(VOLCANO_QUEUES, QUEUE)
 
 
+@pytest.fixture(autouse=True)
+def empty_queue(env: Env) -> Iterator[None]:
+    """Every test starts with an empty queue. A held job asks only once the jobs ahead of it in its queue were
+    answered, and this module plays the autoscaler only for the jobs it admits: a job one test leaves held would
+    hold the front for the next test's jobs."""
+    yield
+    for ns in NS.values():
+        env.cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
+                            check=False)
+
+
 # --- objects ------------------------------------------------------------------------------------
 
 def group(name: str, replicas: int, resources: JSON, **extra: Any) -> JSON:
@@ -394,6 +405,7 @@ def test_a_raycluster_that_claims_another_users_rayjob_as_parent_is_held_and_boo
         env: Env, user: str) -> None:
     ns = NS["main"]
     parent = env.create(ns, rayjob(f"parent-{user}"))
+    parent, _ = admit(env, ns, "RayJob", f"parent-{user}")  # the other user's job runs; the claim comes after
     claims = raycluster(f"claims-{user}", group("gpu", 1, GPU),
                         labels={keys.ORIGINATED_FROM_CRD_LABEL: "RayJob",
                                 keys.ORIGINATED_FROM_NAME_LABEL: f"parent-{user}", keys.STATE_LABEL: "Admitted"},
