@@ -76,19 +76,27 @@ def test_table_lists_held_and_failed_in_one_namespace(cluster: ControlPlane, hel
     proc = raygate("status", "-n", held["a"], "--kubeconfig", str(cluster.kubeconfig))
     assert proc.returncode == 0, proc.stderr
     rows = table(proc.stdout)
-    assert rows[0] == ["NAMESPACE", "NAME", "STATE", "ATTEMPT", "WAITING", "GANG", "REASON"]
-    by_name = {r[1]: r for r in rows[1:]}
+    header = rows[0]
+    assert header == ["NAMESPACE", "NAME", "STATE", "QUEUE", "POSITION", "AHEAD", "ATTEMPT", "WAITING", "GANG",
+                      "REASON"]
+    by_name = {r[1]: dict(zip(header, r, strict=True)) for r in rows[1:]}
     assert set(by_name) == {"rayjob/waiting-job", "rayjob/booking-job", "rayjob/broken-job",
                             "raycluster/held-cluster"}
-    assert by_name["rayjob/waiting-job"][2:4] == ["Pending", "1"]
-    assert by_name["rayjob/waiting-job"][5:] == ["-", "waiting for capacity: 8 nvidia.com/gpu"]  # no PodGroup here
-    assert by_name["rayjob/booking-job"][2:4] == ["Provisioning", "2"]
-    assert by_name["rayjob/broken-job"][2:4] == ["Failed", "5"]
-    assert by_name["raycluster/held-cluster"][2:4] == ["Pending", "-"]
-    assert by_name["raycluster/held-cluster"][6] == "PodGroup held-cluster Inqueue"
-    for row in rows[1:]:
-        assert row[0] == held["a"]
-        assert re.fullmatch(r"\d+s|\d+m(\d+s)?", row[4]), row
+    waiting = by_name["rayjob/waiting-job"]
+    assert (waiting["STATE"], waiting["ATTEMPT"]) == ("Pending", "1")
+    assert (waiting["GANG"], waiting["REASON"]) == ("-", "waiting for capacity: 8 nvidia.com/gpu")  # no PodGroup
+    assert (by_name["rayjob/booking-job"]["STATE"], by_name["rayjob/booking-job"]["ATTEMPT"]) == ("Provisioning", "2")
+    assert (by_name["rayjob/broken-job"]["STATE"], by_name["rayjob/broken-job"]["ATTEMPT"]) == ("Failed", "5")
+    assert (by_name["raycluster/held-cluster"]["STATE"], by_name["raycluster/held-cluster"]["ATTEMPT"]) == \
+        ("Pending", "-")
+    assert by_name["raycluster/held-cluster"]["REASON"] == "PodGroup held-cluster Inqueue"
+    # The held ones wait in the queue every namespace maps to by default, each with its place; a Failed one in none.
+    for name in ("rayjob/waiting-job", "rayjob/booking-job", "raycluster/held-cluster"):
+        assert by_name[name]["QUEUE"] == "default" and re.fullmatch(r"\d+/\d+", by_name[name]["POSITION"])
+    assert (by_name["rayjob/broken-job"]["QUEUE"], by_name["rayjob/broken-job"]["POSITION"]) == ("-", "-")
+    for row in by_name.values():
+        assert row["NAMESPACE"] == held["a"]
+        assert re.fullmatch(r"\d+s|\d+m(\d+s)?", row["WAITING"]), row
 
 
 def test_json_output(cluster: ControlPlane, held: dict[str, str]) -> None:

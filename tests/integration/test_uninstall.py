@@ -41,7 +41,10 @@ NS = {k: f"rg-uninstall-{k}-{SUFFIX}" for k in ("release", "delete", "kueue", "g
 PR = provisioning_requests("v1")
 CONFIG = {
     "defaults": {"mode": "provisioning"},
-    "namespaces": {NS["kueue"]: {"mode": "kueue", "queueName": "team-queue"}},
+    # A queue each, so that both held jobs have their request out at once (no autoscaler answers here).
+    "queues": {"default": {}, "release": {}, "delete": {}},
+    "namespaces": {NS["kueue"]: {"mode": "kueue", "queueName": "team-queue"},
+                   NS["release"]: {"queue": "release"}, NS["delete"]: {"queue": "delete"}},
 }
 WEBHOOK = "uninstall-webhook"
 RECONCILER = "uninstall-reconciler"
