@@ -52,18 +52,22 @@ QUEUE = f"rg-queue-{SUFFIX}"
 PR = provisioning_requests("v1")
 LEASE_ARGS = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5", "--resync-seconds", "30")
 
+# Each namespace waits in a queue of its own: a job one test keeps held at the front of its queue (this module
+# plays the autoscaler, and answers only what it scripts) holds no job of another namespace.
+OWN = {
+    NS["retry"]: {"retry": {"limit": 1, "baseSeconds": 1.5, "maxSeconds": 3}},
+    NS["timeout"]: {"provisioning": {"provisionedTimeoutSeconds": 3}},
+    NS["volcano"]: {"mode": "volcano", "queueName": QUEUE, "provisioning": {"enabled": True},
+                    "retry": {"baseSeconds": 0.5}},
+    NS["revoke"]: {"provisioning": {"capacityRevoked": "Requeue"}},
+}
 CONFIG = {
+    "queues": {"default": {}, **{ns: {} for ns in NS.values()}},
     "defaults": {
         "mode": "provisioning",
         "retry": {"limit": 3, "baseSeconds": 1, "maxSeconds": 2},
     },
-    "namespaces": {
-        NS["retry"]: {"retry": {"limit": 1, "baseSeconds": 1.5, "maxSeconds": 3}},
-        NS["timeout"]: {"provisioning": {"provisionedTimeoutSeconds": 3}},
-        NS["volcano"]: {"mode": "volcano", "queueName": QUEUE, "provisioning": {"enabled": True},
-                        "retry": {"baseSeconds": 0.5}},
-        NS["revoke"]: {"provisioning": {"capacityRevoked": "Requeue"}},
-    },
+    "namespaces": {ns: {"queue": ns, **OWN.get(ns, {})} for ns in NS.values()},
 }
 
 
@@ -152,6 +156,17 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
         for ns in NS.values():
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         kube.delete(VOLCANO_QUEUES, QUEUE)
+
+
+@pytest.fixture(autouse=True)
+def empty_queue(env: Env) -> Iterator[None]:
+    """Every test starts with empty queues. A held job asks only once the jobs ahead of it in its queue were
+    answered, and this module answers only the requests it scripts: a job one test leaves held would hold the
+    front for the next test's jobs in that namespace."""
+    yield
+    for ns in NS.values():
+        env.cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
+                            check=False)
 
 
 def set_queue_state(kube: Kube, state: str) -> None:
@@ -399,12 +414,13 @@ def test_capacity_revoked_after_admission_requeues(env: Env) -> None:
 
 def test_deleting_or_finishing_a_job_frees_its_requests_and_templates(env: Env) -> None:
     ns = NS["main"]
-    gone = create(env, ns, rayjob("deleted"))
-    wait_request(env, ns, "deleted", 1)
+    # In queue order: the job admitted first leaves the queue, and the one left held is at its front.
     finished = create(env, ns, rayjob("finished"))
     pr = wait_request(env, ns, "finished", 1)
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
     wait_state(env, ns, "finished", "Admitted")
+    gone = create(env, ns, rayjob("deleted"))
+    wait_request(env, ns, "deleted", 1)
 
     env.kube.delete(RAYJOBS, "deleted", ns)
     env.kube.patch(RAYJOBS, "finished", {"status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}},
