@@ -9,6 +9,7 @@ clusters and pods after unsuspend.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -56,7 +57,7 @@ LEASE_ARGS = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period"
 # plays the autoscaler, and answers only what it scripts) holds no job of another namespace.
 OWN = {
     NS["retry"]: {"retry": {"limit": 1, "baseSeconds": 1.5, "maxSeconds": 3}},
-    NS["timeout"]: {"provisioning": {"provisionedTimeoutSeconds": 3}},
+    NS["timeout"]: {"provisioning": {"provisionedTimeoutSeconds": 3}, "retry": {"limit": 0}},
     NS["volcano"]: {"mode": "volcano", "queueName": QUEUE, "provisioning": {"enabled": True},
                     "retry": {"baseSeconds": 0.5}},
     NS["revoke"]: {"provisioning": {"capacityRevoked": "Requeue"}},
@@ -379,21 +380,53 @@ def test_booking_expired_before_admission_starts_a_new_attempt(env: Env) -> None
     assert job(env, ns, "expired")["spec"]["suspend"] is True
 
 
-def test_the_timeout_counts_from_the_autoscalers_answer_not_while_the_request_waits_its_turn(env: Env) -> None:
-    ns = NS["timeout"]  # provisionedTimeoutSeconds 3
+def test_not_provisioned_past_the_timeout_asks_again_in_the_same_attempt_and_never_fails(env: Env) -> None:
+    ns = NS["timeout"]  # provisionedTimeoutSeconds 3, no retry
     create(env, ns, rayjob("stuck"))
     first = wait_request(env, ns, "stuck", 1)
     name = first["metadata"]["name"]
     # Taken from the autoscaler's queue but not answered (it takes one request per loop; a write conflict sends
     # one round again): a new request would only join the same queue, so the job waits past the timeout.
     set_conditions(env, ns, name, ("Accepted", "True", "Accepted"))
-    consistently(lambda: ann(job(env, ns, "stuck"), keys.ATTEMPT_ANNOTATION) == "1"
+    consistently(lambda: (lambda o: ann(o, keys.ATTEMPT_ANNOTATION) == "1" and ann(o, keys.REQUEST_ANNOTATION) == name
+                          and state(o) == "Provisioning")(job(env, ns, "stuck"))
                  and [r["metadata"]["name"] for r in requests_of(env, ns)] == [name], 9,
-                 "the queued request kept, no second attempt")
-    set_conditions(env, ns, name, ("Accepted", "True", "Accepted"), ("Provisioned", "False", "CapacityIsNotFound"))
-    wait_request(env, ns, "stuck", 2, timeout=20)
-    assert "not Provisioned within 3s of the autoscaler's first answer" in str(
-        ann(job(env, ns, "stuck"), keys.REASON_ANNOTATION))
+                 "the queued request kept, no second request")
+
+    # Answered "not now", and answered anew on every loop (as the pinned autoscaler does, each time with a fresh
+    # lastTransitionTime): the job waits, and asks again once the first answer is 3 s old.
+    not_now = (("Accepted", "True", "Accepted"), ("Provisioned", "False", "CapacityIsNotFound"))
+    set_conditions(env, ns, name, *not_now)
+    t_answered = time.monotonic()
+    waiting = wait(lambda: (lambda o: o if "CapacityIsNotFound" in str(ann(o, keys.REASON_ANNOTATION)) else None)(
+        job(env, ns, "stuck")), 10, "the autoscaler's answer in the job's reason")
+    assert str(ann(waiting, keys.NOT_PROVISIONED_SINCE_ANNOTATION)).startswith(f"{name} ")
+
+    def asked_again(old: str) -> JSON | None:
+        o = job(env, ns, "stuck")
+        if ann(o, keys.REQUEST_ANNOTATION) != old:
+            return o
+        with contextlib.suppress(ApiError):  # withdrawn meanwhile: the next poll sees the job's new request
+            set_conditions(env, ns, old, *not_now)
+        return None
+
+    again: JSON = wait(lambda: asked_again(name), 20, "the job to ask again with a new request", interval=1)
+    assert time.monotonic() - t_answered >= 2.9, "asked again before the first answer was 3 s old"
+    second = wait_request(env, ns, "stuck", 1)
+    assert second["metadata"]["name"] == ann(again, keys.REQUEST_ANNOTATION) == f"{name}r1"
+    assert ann(again, keys.ROUND_ANNOTATION) == "1"
+    wait(lambda: [r["metadata"]["name"] for r in requests_of(env, ns)] == [f"{name}r1"], 10,
+         "the first request to be deleted")
+
+    # Waiting is not failing: with retry.limit 0 a timeout used to fail the job; answered "not now" again, it
+    # asks again once more, still in its first attempt, still held.
+    set_conditions(env, ns, f"{name}r1", *not_now)
+    wait(lambda: asked_again(f"{name}r1"), 20, "the job to ask again a second time", interval=1)
+    third = wait_request(env, ns, "stuck", 1)
+    held = job(env, ns, "stuck")
+    assert third["metadata"]["name"] == f"{name}r2" and ann(held, keys.ROUND_ANNOTATION) == "2"
+    assert held["spec"]["suspend"] is True and state(held) == "Provisioning"
+    assert not {"ProvisioningRetry", "ProvisioningFailed"} & set(events_of(env, ns, "stuck"))
 
 
 def test_capacity_revoked_after_admission_requeues(env: Env) -> None:
