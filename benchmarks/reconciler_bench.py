@@ -59,7 +59,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +102,35 @@ def _kube(kubeconfig: str, pool_size: int) -> Kube:
 # --- what the watches see --------------------------------------------------------------------------
 
 @dataclass
+class QueuePatches:
+    """The queue's own patches of raygate's jobs, each seen on a watch as one new version of a job (only raygate
+    writes the jobs while they are held): a "waiting in queue" reason written, a request withdrawn
+    (Provisioning -> Pending), a job asking again after it was withdrawn. Not locked: callers hold their own."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    _last: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # job -> (resourceVersion, state, reason)
+    _asked: set[str] = field(default_factory=set)  # jobs seen Provisioning
+
+    def see(self, obj: JSON) -> None:
+        meta = metadata(obj)
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        state = str((meta.get("labels") or {}).get(keys.STATE_LABEL) or "")
+        reason = str((meta.get("annotations") or {}).get(keys.REASON_ANNOTATION) or "")
+        before = self._last.get(name)
+        self._last[name] = (version, state, reason)
+        if before is not None and before[0] != version:
+            _, was, said = before
+            if reason.startswith("waiting in queue ") and reason != said:
+                self.counts["'waiting in queue' reason"] += 1
+            elif (was, state) == (keys.State.PROVISIONING.value, keys.State.PENDING.value):
+                self.counts["request withdrawn"] += 1
+            elif state == keys.State.PROVISIONING.value and was != state and name in self._asked:
+                self.counts["asks again"] += 1
+        if state == keys.State.PROVISIONING.value:
+            self._asked.add(name)
+
+
+@dataclass
 class Tracker:
     """First time (time.monotonic) each job reached each milestone, from watch events."""
 
@@ -117,11 +146,7 @@ class Tracker:
     request_of: dict[str, str] = field(default_factory=dict)  # job -> request named in its annotation
     open_requests: set[str] = field(default_factory=set)  # requests that exist and are not Provisioned
     most_open: int = 0  # the most requests out (not Provisioned) at once, since the last reset
-    # The queue's own patches of the jobs, each seen as one new version: a "waiting in queue" reason written, a
-    # request withdrawn (Provisioning -> Pending), a job asking again after it was withdrawn.
-    queue_patches: Counter[str] = field(default_factory=Counter)
-    _last: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # job -> (resourceVersion, state, reason)
-    _asked: set[str] = field(default_factory=set)  # jobs seen Provisioning
+    queue_patches: QueuePatches = field(default_factory=QueuePatches)
     lock: threading.Lock = field(default_factory=threading.Lock)
     changed: threading.Condition = field(init=False)
 
@@ -148,28 +173,12 @@ class Tracker:
             if reason.startswith("waiting in queue "):
                 self.queued.setdefault(name, now)
                 self.behind.setdefault(name, set()).add(reason)
-            self._count_queue_patch(name, str(meta.get("resourceVersion") or ""), str(state or ""), reason)
+            self.queue_patches.see(obj)
             if (obj.get("spec") or {}).get("suspend") is False:
                 self.unsuspended.setdefault(name, now)
             if state == keys.State.ADMITTED.value:
                 self.admitted.setdefault(name, now)
             self.changed.notify_all()
-
-    def _count_queue_patch(self, name: str, version: str, state: str, reason: str) -> None:
-        """Only raygate writes these jobs during the flow: a new version is one of its patches."""
-        before = self._last.get(name)
-        self._last[name] = (version, state, reason)
-        if before is None or before[0] == version:
-            return
-        _, was, said = before
-        if reason.startswith("waiting in queue ") and reason != said:
-            self.queue_patches["'waiting in queue' reason"] += 1
-        elif (was, state) == (keys.State.PROVISIONING.value, keys.State.PENDING.value):
-            self.queue_patches["request withdrawn"] += 1
-        elif state == keys.State.PROVISIONING.value and was != state and name in self._asked:
-            self.queue_patches["asks again"] += 1
-        if state == keys.State.PROVISIONING.value:
-            self._asked.add(name)
 
     def reset_most_open(self) -> int:
         """The most requests out at once so far; counting starts again from those out now."""
@@ -352,6 +361,7 @@ class Autoscaler:
         self.sent: dict[str, float] = {}  # job -> when its status patch was sent
         self.returned: dict[str, float] = {}  # job -> when its status patch returned
         self.patches = 0  # status patches sent (the API server counts each, answered 2xx or not)
+        self.refused = 0  # of those, answered non-2xx
         self.gone: list[str] = []  # requests deleted before their patch (withdrawn by the queue)
         self.errors: list[str] = []
 
@@ -412,6 +422,7 @@ class Autoscaler:
             except ApiError as err:
                 with self._lock:
                     self.patches += 1
+                    self.refused += 1
                     (self.gone if err.not_found else self.errors).append(name if err.not_found else str(err))
                 continue
             with self._lock:
@@ -743,7 +754,7 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
         "behind_reasons_per_queued_job": common.summary([float(n) for n in behind]),
         "most_requests_out_at_once": tracker.most_open,  # phase 2: while jobs were being admitted
         "most_requests_out_at_once_phase1": most_out_phase1,
-        "queue_patches_of_jobs": dict(tracker.queue_patches),
+        "queue_patches_of_jobs": dict(tracker.queue_patches.counts),
         "front_of_queue_events": front_events,
         "jobs_with_request": len(tracker.request_seen),
         "request_after_create_s": common.summary(_delays(tracker.created, tracker.request_seen)),
@@ -894,22 +905,26 @@ def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
 
 # --- report --------------------------------------------------------------------------------------
 
-def split_writes(flow: JSON) -> dict[str, Any]:
-    """raygate's writes for the jobs (Lease renewals apart), by what they were for: the queue's own (the job patches
-    the watch saw it make, its FrontOfQueue Events, requests withdrawn and made again), the ones the API server
-    refused (non-2xx: a patch whose `test` failed, an Event that already existed), and the admission itself: the
-    rest (per job, before the queue: 2 PodTemplates, the request, the Provisioning patch, the admitting patch and
-    its Event)."""
-    rows = [r for r in flow["writes_by_resource"] if r["by_raygate"] and not r["resource"].endswith("/leases")]
-    ok = {f"{r['resource']} {r['verb']}": r["by_raygate"] - r["non_2xx"] for r in rows}
+def split_writes(ok: Mapping[str, int], refused: int, queue_patches: Mapping[str, int], front_events: int,
+                 admitted: int) -> dict[str, Any]:
+    """raygate's writes for its jobs (Lease renewals apart) by what they were for. `ok`: those the API server took,
+    by "resource verb"; `refused`: those it answered non-2xx (a patch whose `test` failed, an Event that already
+    existed). The queue's own: the job patches a watch saw it make (QueuePatches), its FrontOfQueue Events, requests
+    withdrawn and made again. The admission: the rest (per job, before the queue: 2 PodTemplates, the request, the
+    Provisioning patch, the admitting patch and its Event)."""
     pr = f"{keys.PROVREQ_GROUP}/provisioningrequests"
-    queue = {**flow["queue_patches_of_jobs"], "FrontOfQueue Event": flow["front_of_queue_events"],
-             "request deleted": ok.get(f"{pr} DELETE", 0),
-             "request made again": max(ok.get(f"{pr} POST", 0) - flow["check"]["admitted"], 0)}
-    total = sum(r["by_raygate"] for r in rows)
-    refused = sum(r["non_2xx"] for r in rows)
+    queue = {**queue_patches, "FrontOfQueue Event": front_events, "request deleted": ok.get(f"{pr} DELETE", 0),
+             "request made again": max(ok.get(f"{pr} POST", 0) - admitted, 0)}
+    total = sum(ok.values()) + refused
     return {"total": total, "queue": sum(queue.values()), "queue_by_what": {k: v for k, v in queue.items() if v},
             "refused": refused, "admission": total - sum(queue.values()) - refused}
+
+
+def writes_of_flow(flow: JSON) -> dict[str, Any]:
+    rows = [r for r in flow["writes_by_resource"] if r["by_raygate"] and not r["resource"].endswith("/leases")]
+    return split_writes({f"{r['resource']} {r['verb']}": r["by_raygate"] - r["non_2xx"] for r in rows},
+                        sum(r["non_2xx"] for r in rows), flow["queue_patches_of_jobs"], flow["front_of_queue_events"],
+                        flow["check"]["admitted"])
 
 
 def main(args: Any) -> int:
@@ -931,7 +946,7 @@ def main(args: Any) -> int:
     job_writes = raygate_writes - lease_writes
     writes_per_job = job_writes / admitted if admitted else float("nan")
     nan = float("nan")
-    split = split_writes(flow)
+    split = writes_of_flow(flow)
     per = admitted or nan
     delay = flow["delay_from_patch_sent_s"]
     complete = flow["all_unsuspended"]

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from benchmarks.reconciler_bench import Autoscaler, Tracker, predicted_delay, split_writes
+from benchmarks.reconciler_bench import Autoscaler, Tracker, predicted_delay, writes_of_flow
 from raygate.core import keys
 from raygate.core.api import provisioning_requests
 from raygate.kube.client import ApiError, Kube
@@ -42,7 +42,7 @@ def test_a_job_that_waits_behind_others_then_asks_costs_the_queue_its_reasons_on
          job("3", "Pending", "waiting in queue default behind RayJob ns/b"),  # a job arrived between them
          job("4", "Provisioning", FRONT),
          job("5", "Admitted", "admitted", suspend=False))
-    assert dict(t.queue_patches) == {"'waiting in queue' reason": 2}
+    assert dict(t.queue_patches.counts) == {"'waiting in queue' reason": 2}
     assert set(t.placed) == set(t.queued) == set(t.unsuspended) == set(t.admitted) == {"job-1"}
     assert len(t.behind["job-1"]) == 2
 
@@ -54,7 +54,7 @@ def test_a_front_that_loses_its_turn_in_the_burst_withdraws_and_asks_again() -> 
          job("3", "Pending", "in queue default: another job is ahead of it"),
          job("4", "Pending", "waiting in queue default behind RayJob ns/a"),
          job("5", "Provisioning", FRONT))
-    assert dict(t.queue_patches) == {"request withdrawn": 1, "'waiting in queue' reason": 1, "asks again": 1}
+    assert dict(t.queue_patches.counts) == {"request withdrawn": 1, "'waiting in queue' reason": 1, "asks again": 1}
 
 
 def test_a_job_is_placed_once_the_reconciler_gave_it_a_reason_not_when_the_webhook_labelled_it() -> None:
@@ -94,7 +94,7 @@ def test_raygates_writes_split_into_the_admission_the_queue_and_the_refused() ->
                                    row("coordination.k8s.io/leases", "PUT", 6)],
             "queue_patches_of_jobs": {"'waiting in queue' reason": 28, "request withdrawn": 2, "asks again": 2},
             "front_of_queue_events": 20, "check": {"admitted": 20}}
-    split = split_writes(flow)
+    split = writes_of_flow(flow)
     assert split["total"] == 180 and split["refused"] == 4
     assert split["queue_by_what"] == {"'waiting in queue' reason": 28, "request withdrawn": 2, "asks again": 2,
                                       "FrontOfQueue Event": 20, "request deleted": 2, "request made again": 2}
