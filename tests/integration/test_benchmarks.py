@@ -89,6 +89,7 @@ def test_a_short_soak_with_kills_ends_with_every_invariant_holding(tmp_path: Pat
     counts = final["counts"]
     accounted = sum(counts.get(k, 0) for k in ("Admitted", "Failed, with a reason", "being deleted",
                                                "held, waiting for capacity the node group cannot give",
+                                               "held, waiting in its queue behind another job",
                                                "gone (deleted by the soak)", "gone (not deleted by the soak)"))
     assert accounted >= soak["objects_created"], counts
     assert all(soak["rss"][name]["samples"] > 0 for name in WATCHED), soak["rss"]
