@@ -8,9 +8,13 @@ reconciler); the other Kueue with its ProvisioningRequest admission check. Both 
 best-effort-atomic class on the same node group, so the autoscaler adds the nodes for both. Each run is
 one side on a fresh stack; the sides take turns, round after round.
 
-Per job, from the benchmark's own watches (the same for both sides): create returned -> a
-ProvisioningRequest for it exists -> Accepted -> Provisioned -> unsuspended -> its Ray pods (head and
-2 GPU workers) exist -> none gated -> all bound -> all Running. Per run: first create -> last Running,
+Per job, from the benchmark's own watches (the same for both sides): create returned -> the
+ProvisioningRequest that got it admitted exists -> Accepted -> Provisioned -> unsuspended -> its Ray pods
+(head and 2 GPU workers) exist -> none gated -> all bound -> all Running. raygate's held jobs wait in its
+queue and ask in turn (with room for everyone, the job behind the front once the front is admitted), so its
+create -> request includes each job's wait for its turn; a job whose turn passed before the autoscaler
+answered (one that sorts ahead of it arrived) withdraws its request and asks again later, which is counted
+apart from a request replaced after an answer. Per run: first create -> last Running,
 GPU nodes added against the nodes the jobs need, API writes by writer (the API server's audit log),
 CPU and peak memory of each side's processes, and the cluster-autoscaler's own loop (from its log).
 """
@@ -54,7 +58,7 @@ MILESTONES = ("created", "request", "accepted", "provisioned", "unsuspended", "p
               "running")
 # Where a job's time goes, phase by phase: (label, from, to, whose part it is).
 PHASES = (
-    ("create -> request exists", "created", "request", "the side (webhook + controller)"),
+    ("create -> request exists", "created", "request", "the side: webhook, controller, raygate's queue"),
     ("request -> Accepted", "request", "accepted", "cluster-autoscaler: the request waits for a loop that picks it"),
     ("Accepted -> Provisioned", "accepted", "provisioned", "cluster-autoscaler: the scale-up of that loop"),
     ("Provisioned -> unsuspended", "provisioned", "unsuspended", "the side"),
@@ -146,6 +150,8 @@ class Tracker:
     names: set[str]
     marks: dict[str, dict[str, float]] = field(default_factory=dict)
     requests_of: dict[str, set[str]] = field(default_factory=dict)
+    # Per request: when it was first seen Accepted, Provisioned, answered (Provisioned either way) and seen at all.
+    request_marks: dict[str, dict[str, float]] = field(default_factory=dict)
     owners: common.RequestOwners = field(init=False)
     job_of_cluster: dict[str, str] = field(default_factory=dict)
     pods: dict[str, dict[str, PodSeen]] = field(default_factory=dict)  # cluster -> pod -> state
@@ -187,13 +193,29 @@ class Tracker:
                 self._request(job, obj, now)
 
     def _request(self, job: str, obj: JSON, when: float) -> None:
-        self.requests_of.setdefault(job, set()).add(str(metadata(obj).get("name")))
-        self._mark(job, "request", when)
-        if _true(obj, "Accepted"):
-            self._mark(job, "accepted", when)
+        name = str(metadata(obj).get("name"))
+        self.requests_of.setdefault(job, set()).add(name)
+        seen = self.request_marks.setdefault(name, {})
+        seen.setdefault("seen", when)
+        conds = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
+        if conds.get("Provisioned") in ("True", "False"):
+            seen.setdefault("answered", when)
+        if _true(obj, "Accepted") or _true(obj, "Provisioned"):
+            seen.setdefault("accepted", when)
         if _true(obj, "Provisioned"):
-            self._mark(job, "accepted", when)
+            seen.setdefault("provisioned", when)
+            # The request that got the job admitted: its milestones are the job's (one asked before it and
+            # withdrawn, its turn passed, is not).
+            self._mark(job, "request", seen["seen"])
+            self._mark(job, "accepted", seen["accepted"])
             self._mark(job, "provisioned", when)
+        self.changed.notify_all()
+
+    def replaced(self, job: str) -> tuple[int, int]:
+        """The job's requests before its last: (withdrawn before any answer, replaced after one)."""
+        names = sorted(self.requests_of.get(job, ()), key=lambda r: self.request_marks[r]["seen"])[:-1]
+        unanswered = sum(1 for r in names if "answered" not in self.request_marks[r])
+        return unanswered, len(names) - unanswered
 
     def on_cluster(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
@@ -459,6 +481,7 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         marks = {name: {k: round(v - t0, 3) for k, v in m.items()} for name, m in tracker.marks.items()}
         nodes = {name: {k: round(v - t0, 3) for k, v in m.items()} for name, m in tracker.nodes.items()}
         requests = {name: sorted(r) for name, r in tracker.requests_of.items()}
+        replaced = {name: tracker.replaced(name) for name in names}
     writes_total = sum(writes["by_writer"].values()) - writes["by_writer"].get("raygate-bench", 0)
     controller_writes = sum(writes["by_writer"].get(_writer_of(c), 0) for c in CONTROLLERS[base_side(side)])
     return {
@@ -469,6 +492,10 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         "marks": marks, "requests_per_job": requests, "gpu_nodes": nodes,
         "gpu_nodes_added": len(nodes), "gpu_nodes_needed": n,
         "jobs_with_more_than_one_request": sum(1 for r in requests.values() if len(r) > 1),
+        # A request replaced after the autoscaler answered it (a retry, or a queue asking again after a "not now"),
+        # and one withdrawn before any answer (raygate's queue: the job's turn passed while the burst arrived).
+        "jobs_with_a_request_replaced_after_an_answer": sum(1 for _, after in replaced.values() if after),
+        "jobs_that_withdrew_an_unanswered_request": sum(1 for before, _ in replaced.values() if before),
         "phases": {label: common.summary(_deltas(marks, a, b)) for label, a, b, _ in PHASES},
         "writes": writes, "writes_total": writes_total,
         "writes_per_job": writes_total / n, "controller_writes_per_job": controller_writes / n,
@@ -509,8 +536,10 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         row["first create -> last Running"] = _median([r["first_create_to_last_running_s"] for r in mine])
         row["jobs Running"] = min(r["running"] for r in mine)
         row["GPU nodes added"] = _median([float(r["gpu_nodes_added"]) for r in mine])
-        row["jobs that needed a second request"] = _median([float(r["jobs_with_more_than_one_request"])
+        row["jobs that needed a second request"] = _median([float(r["jobs_with_a_request_replaced_after_an_answer"])
                                                             for r in mine])
+        row["jobs whose turn passed before an answer"] = _median(
+            [float(r["jobs_that_withdrew_an_unanswered_request"]) for r in mine])
         row["API writes per job, all writers"] = _median([r["writes_per_job"] for r in mine])
         row["API writes per job, the side's own"] = _median([r["controller_writes_per_job"] for r in mine])
         procs = CONTROLLERS[base_side(side)]
@@ -592,7 +621,8 @@ def main(args: argparse.Namespace) -> int:
 SUMMARY_ROWS = ("create -> request exists p50", "create -> request exists p99", "Provisioned -> unsuspended p50",
                 "Provisioned -> unsuspended p99", "create -> every Ray pod Running p50",
                 "create -> every Ray pod Running p99", "first create -> last Running", "jobs Running",
-                "GPU nodes added", "jobs that needed a second request", "API writes per job, the side's own",
+                "GPU nodes added", "jobs that needed a second request", "jobs whose turn passed before an answer",
+                "API writes per job, the side's own",
                 "API writes per job, all writers", "CPU s, the side's processes", "peak RSS MB, the side's processes",
                 "peak PSS MB, the side's processes")
 
@@ -677,9 +707,15 @@ DIFFERENCES = (
     "controller process (its defaults, leader election off, as raygate's tests run it).",
     "Kueue reserves quota before it makes a request: its ClusterQueue has quota no run can use up, so the check "
     "always passes (raygate has no quota).",
-    "Retries: raygate's defaults (a request still not Provisioned 1800 s after the autoscaler first answered it "
-    "so is retried, 3 times from 10 s); Kueue's ProvisioningRequestConfig defaults (a Failed request retried 3 "
-    "times from 60 s). The autoscaler answers both alike (it retries a request it could not provision after 2 s).",
+    "raygate's held jobs wait in its queue (priority, then creation, then uid; BestEffortFIFO): only the front has "
+    "a request out, and the jobs behind it ask one at a time only once the ones ahead were answered \"not now\"; "
+    "with room for everyone, the job behind asks once the front is admitted. So raygate asks the autoscaler for one "
+    "job at a time, and its create -> request includes each job's wait for its turn. Kueue's ClusterQueue (ample "
+    "quota) admits every Workload at once and asks for all.",
+    "Retries: raygate's defaults (a request Failed is retried, 3 times from 10 s; a request still not Provisioned "
+    "1800 s after the autoscaler first answered it is withdrawn and asked again, the job never failed for it); "
+    "Kueue's ProvisioningRequestConfig defaults (a Failed request retried 3 times from 60 s). The autoscaler "
+    "answers both alike (it retries a request it could not provision after 2 s).",
     "Kueue's metrics endpoint is off (bindAddress 0: it needs certificates the local run does not make); raygate's "
     "reconciler serves /metrics on a free port. Nothing scrapes either during a run.",
 )

@@ -5,13 +5,20 @@ Each run is one side on a fresh control plane (nothing cached, nothing left over
 turns round after round, so a machine that gets busier or quieter shifts both alike. One run:
 
 1. Create N RayJobs (the multi-group GPU sample: 2 GPU pod sets per job) at once from 16 client
-   threads. Per job, the time until a ProvisioningRequest for it exists (watched).
-2. Play cluster-autoscaler, identically for both: set Accepted and Provisioned on each request with
-   one status patch, either paced (5 requests/s) or all at once (8 client threads). Per job, the time
-   from the moment its patch was sent to the moment a watch on RayJobs shows `spec.suspend: false`.
+   threads, until the side has taken in every job (watched): Kueue makes a ProvisioningRequest for
+   every job at once (its quota is ample); raygate's queue gives one only to the job whose turn it is
+   (on plentiful capacity the front) and labels every other job "waiting in queue ... behind ...".
+2. Play cluster-autoscaler, identically for both: a watch on ProvisioningRequests feeds 8 client threads
+   that set Accepted and Provisioned on each request (one status patch) as soon as it appears, either
+   paced (5 patches/s) or as fast as the API server answers, until every job is unsuspended. Under
+   raygate's queue each job asks once the one ahead is admitted, so its requests appear one at a time.
+   Per job: create -> its request exists (for raygate, its wait for its turn included), Provisioned ->
+   unsuspended (from the moment its patch was sent to the moment a watch on RayJobs shows
+   `spec.suspend` no longer true), and create -> unsuspended.
 3. API writes per admitted job, counted by kube-apiserver (apiserver_request_total), minus the
    benchmark's own (one create per job, one status patch per request) and minus Lease writes (leader
-   heartbeats grow with time, not jobs).
+   heartbeats grow with time, not jobs). raygate's are also split into the admission's and the queue's
+   own (reconciler_bench.split_writes).
 4. The controller's peak RSS (VmHWM): raygate's reconciler; Kueue's manager, which also serves its
    webhooks (raygate's webhook is a separate process, shown apart).
 
@@ -29,19 +36,28 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import common
 from benchmarks.common import BenchError, Target
-from benchmarks.reconciler_bench import _delta, _kube, _pr_resource, _provisioned_patch, _wait_leader, scrape_writes
+from benchmarks.reconciler_bench import (
+    Autoscaler,
+    QueuePatches,
+    _delta,
+    _kube,
+    _pr_resource,
+    _wait_leader,
+    scrape_writes,
+    split_writes,
+)
 from benchmarks.samples import rayjob
 from raygate.core import keys
-from raygate.core.api import RAYJOBS, Resource
+from raygate.core.api import EVENTS, RAYJOBS, Resource
 from raygate.core.objects import JSON, metadata
-from raygate.kube.client import MERGE_PATCH, Kube
+from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 from raygate.webhook.cli import THREADS, WORKERS
 
@@ -105,13 +121,18 @@ def job_manifest(name: str, side: str) -> JSON:
 @dataclass
 class Tracker:
     """First time (time.monotonic) each job reached each milestone, from watch events. Kueue's
-    requests are owned by the job's Workload, raygate's by the job itself."""
+    requests are owned by the job's Workload, raygate's by the job itself. Every request of a job (not only
+    the first) goes to `offer` (the benchmark's autoscaler), with when it was seen."""
 
     names: set[str]
     created: dict[str, float] = field(default_factory=dict)
     request_seen: dict[str, float] = field(default_factory=dict)
     request_of: dict[str, str] = field(default_factory=dict)
+    taken_in: dict[str, float] = field(default_factory=dict)  # its request exists, or raygate placed it in its queue
     unsuspended: dict[str, float] = field(default_factory=dict)
+    queue_patches: QueuePatches = field(default_factory=QueuePatches)
+    offer: Callable[[str, JSON, float], None] | None = None
+    forget: Callable[[JSON], None] | None = None  # a request deleted (withdrawn by raygate's queue)
     changed: threading.Condition = field(default_factory=threading.Condition)
     owners: common.RequestOwners = field(init=False)
 
@@ -120,13 +141,20 @@ class Tracker:
 
     def on_job(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
-        name = str(metadata(obj).get("name") or "")
-        # Both webhooks store every job suspended; Kueue's unsuspend drops the field (false is Go's omitted
-        # zero value), raygate's writes false.
-        if kind != "DELETED" and name in self.names and (obj.get("spec") or {}).get("suspend") is not True:
-            with self.changed:
+        meta = metadata(obj)
+        name = str(meta.get("name") or "")
+        if kind == "DELETED" or name not in self.names:
+            return
+        with self.changed:
+            self.queue_patches.see(obj)
+            # raygate's reconciler gives every held job its reason: the front its request, the others their place.
+            if (meta.get("annotations") or {}).get(keys.REASON_ANNOTATION):
+                self.taken_in.setdefault(name, now)
+            # Both webhooks store every job suspended; Kueue's unsuspend drops the field (false is Go's omitted
+            # zero value), raygate's writes false.
+            if (obj.get("spec") or {}).get("suspend") is not True:
                 self.unsuspended.setdefault(name, now)
-                self.changed.notify_all()
+            self.changed.notify_all()
 
     def on_workload(self, kind: str, obj: JSON) -> None:
         with self.changed:
@@ -136,17 +164,21 @@ class Tracker:
     def on_request(self, kind: str, obj: JSON) -> None:
         now = time.monotonic()
         if kind == "DELETED":
+            if self.forget is not None:
+                self.forget(obj)
             return
-        name = str(metadata(obj).get("name"))
         with self.changed:
-            job = self.owners.request(obj, name, now)
+            job = self.owners.request(obj, obj, now)
             if job is not None:
-                self._seen(job, name, now)
+                self._seen(job, obj, now)
 
-    def _seen(self, job: str, request: str, when: float) -> None:
+    def _seen(self, job: str, request: JSON, when: float) -> None:
         if job not in self.request_seen:
             self.request_seen[job] = when
-            self.request_of[job] = request
+            self.request_of[job] = str(metadata(request).get("name"))
+            self.taken_in.setdefault(job, when)
+        if self.offer is not None:
+            self.offer(job, request, when)
         self.changed.notify_all()
 
     def wait(self, what: dict[str, float], timeout: float, label: str) -> bool:
@@ -199,13 +231,15 @@ def _cpu(cp: Any) -> dict[str, float]:
 
 
 def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]:
-    """One side, one pacing (rate requests/s; 0: all at once), on a fresh control plane."""
+    """One side, one pacing (rate status patches/s; 0: as fast as the API server answers), on a fresh control
+    plane."""
     with common.control_plane() as cp:
         kube = _kube(str(cp.kubeconfig), CREATE_THREADS * 2)
         pr_res = _pr_resource(kube)
         settings = _setup(cp, side, kube)
         names = [f"job-{i:04d}" for i in range(jobs)]
-        tracker = Tracker(set(names))
+        autoscaler = Autoscaler(_kube(str(cp.kubeconfig), PATCH_THREADS * 2), pr_res, NAMESPACE, PATCH_THREADS, rate)
+        tracker = Tracker(set(names), offer=autoscaler.offer, forget=autoscaler.forget)
         watches = [Informer(_kube(str(cp.kubeconfig), 2), res, namespace=NAMESPACE, handler=h, resync_seconds=3600)
                    for res, h in ((RAYJOBS, tracker.on_job), (pr_res, tracker.on_request),
                                   *([(WORKLOADS, tracker.on_workload)] if side != "raygate" else []))]
@@ -227,48 +261,53 @@ def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]
         with ThreadPoolExecutor(CREATE_THREADS) as pool:
             list(pool.map(create, manifests))
         create_s = time.monotonic() - t0
-        all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
-        requests_s = max(tracker.request_seen.values(), default=math.nan) - t0
+        # Kueue asks for every job at once; raygate's queue for the front only, the others wait their turn.
+        all_taken_in = tracker.wait(tracker.taken_in, timeout, "taken in (a request, or a place in the queue)")
+        taken_in_s = max(tracker.taken_in.values(), default=math.nan) - t0
         time.sleep(2)  # trailing writes of phase 1 land before the autoscaler's turn
-        with tracker.changed:
-            targets = sorted(tracker.request_of.items())
-        sent: dict[str, float] = {}
-        start = time.monotonic() + 0.2
-
-        def provision(item: tuple[int, tuple[str, str]]) -> None:
-            i, (job, request) = item
-            if rate:
-                time.sleep(max(start + i / rate - time.monotonic(), 0))
-            sent[job] = time.monotonic()
-            kube.patch(pr_res, request, _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH, sub="status")
-
-        # Paced: each patch waits for its slot (the pool only keeps a slow patch from delaying the next).
-        with ThreadPoolExecutor(PATCH_THREADS) as pool:
-            list(pool.map(provision, enumerate(targets)))
-        patch_s = time.monotonic() - start
+        start = autoscaler.start()
         all_unsuspended = tracker.wait(tracker.unsuspended, timeout, "unsuspended")
+        drain_s = max(tracker.unsuspended.values(), default=math.nan) - start
         time.sleep(3)  # trailing writes (Events, status) of the last admissions
+        autoscaler.stop()
         writes2, cpu2 = scrape_writes(cp), _cpu(cp)
         hwm = {n: common.tree_hwm_mb(q) for n, q in (cp.load_state().pids.items())}
         sampler.stop()
         for w in watches:
             w.stop()
+        front_events = sum(1 for e in kube.list(EVENTS, NAMESPACE).get("items") or []
+                           if e.get("reason") == "FrontOfQueue")
         admitted = len(tracker.unsuspended)
+        sent = autoscaler.sent
         delta = _delta(writes2, writes0)
         by_resource: Counter[str] = Counter()
-        for (resource, sub, verb, _code), n in delta.items():
-            by_resource[f"{resource}{'/' + sub if sub else ''} {verb}"] += n
+        refused: Counter[str] = Counter()
+        for (resource, sub, verb, code), n in delta.items():
+            key = f"{resource}{'/' + sub if sub else ''} {verb}"
+            by_resource[key] += n
+            if not code.startswith("2"):
+                refused[key] += n
         by_resource["ray.io/rayjobs POST"] -= jobs
-        by_resource[f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH"] -= len(targets)
+        status_patches = f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH"
+        by_resource[status_patches] -= autoscaler.patches
+        refused[status_patches] -= autoscaler.refused  # the benchmark's own, on requests withdrawn meanwhile
         leases = sum(n for k, n in by_resource.items() if k.startswith("coordination.k8s.io/leases"))
-        controller_writes = sum(n for k, n in by_resource.items() if k.startswith(CONTROLLER_WRITES))
+        mine = [k for k in by_resource if k.startswith(CONTROLLER_WRITES)]
+        controller_writes = sum(by_resource[k] for k in mine)
         controller = CONTROLLER[side]
+        split = split_writes({k: by_resource[k] - refused[k] for k in mine}, sum(refused[k] for k in mine),
+                             tracker.queue_patches.counts, front_events, admitted) if side == "raygate" else None
+        per = admitted or math.nan
         return {
             "side": side, "jobs": jobs, "rate": rate or None, "settings": settings,
-            "create_seconds": create_s, "all_requests": all_requests, "seconds_until_all_requests": requests_s,
+            "create_seconds": create_s, "all_taken_in": all_taken_in, "seconds_until_all_taken_in": taken_in_s,
+            "all_requests": len(tracker.request_seen) == jobs,
             "create_to_request_s": common.summary([tracker.request_seen[n] - tracker.created[n] for n in names
                                                    if n in tracker.request_seen and n in tracker.created]),
-            "status_patch_seconds": patch_s, "all_unsuspended": all_unsuspended, "admitted": admitted,
+            "create_to_unsuspended_s": common.summary([tracker.unsuspended[n] - tracker.created[n] for n in names
+                                                       if n in tracker.unsuspended and n in tracker.created]),
+            "seconds_from_first_patch_to_last_unsuspend": drain_s, "status_patches": autoscaler.patches,
+            "all_unsuspended": all_unsuspended, "admitted": admitted,
             "provisioned_to_unsuspended_s": common.summary([tracker.unsuspended[n] - sent[n] for n in sent
                                                             if n in tracker.unsuspended]),
             # Per job, for the pictures (benchmarks/plots.py).
@@ -278,7 +317,10 @@ def run_one(side: str, jobs: int, rate: float, timeout: float) -> dict[str, Any]
                                                          if n in tracker.unsuspended]},
             "writes_by_resource": {k: n for k, n in sorted(by_resource.items()) if n},
             "controller_writes": controller_writes, "lease_writes": leases,
-            "writes_per_admitted_job": controller_writes / admitted if admitted else math.nan,
+            "writes_per_admitted_job": controller_writes / per,
+            # raygate's: the admission's and its queue's own (None for Kueue, whose queue writes are its Workloads).
+            "writes_by_what": split,
+            "admission_writes_per_admitted_job": split["admission"] / per if split else math.nan,
             "controller_peak_rss_mb": hwm.get(controller, math.nan),
             "peak_rss_mb_by_process": hwm,
             # The side as installed: peak RSS summed over its processes (a page a gunicorn master shares
@@ -310,7 +352,11 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                 paced = [r for r in mine if (r["rate"] or 0.0) == rate]
                 row[f"unsuspend_{label}_{stat}"] = _median(
                     paced, lambda r, s=stat: r["provisioned_to_unsuspended_s"][s] if r["all_unsuspended"] else math.nan)
+        for label, rate in PACINGS.items():
+            row[f"drain_{label}"] = _median([r for r in mine if (r["rate"] or 0.0) == rate], lambda r: r[
+                "seconds_from_first_patch_to_last_unsuspend"] if r["all_unsuspended"] else math.nan)
         row["writes_per_job"] = _median(mine, lambda r: r["writes_per_admitted_job"])
+        row["admission_writes_per_job"] = _median(mine, lambda r: r["admission_writes_per_admitted_job"])
         row["controller_rss_mb"] = _median(mine, lambda r: r["controller_peak_rss_mb"])
         row["webhook_rss_mb"] = _median(mine, lambda r: r["peak_rss_mb_by_process"].get("raygate-webhook", math.nan))
         row["side_rss_mb"] = _median(mine, lambda r: r["side_peak_rss_mb"])
@@ -323,18 +369,27 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 
 ROWS = (
-    ("create -> request exists, p50", "create_to_request_p50", "s"),
-    ("create -> request exists, p99", "create_to_request_p99", "s"),
+    ("create -> request exists, p50 (raygate: its wait for its turn included)", "create_to_request_p50", "s"),
+    ("create -> request exists, p99 (raygate: its wait for its turn included)", "create_to_request_p99", "s"),
     ("Provisioned -> unsuspended, 5/s: p50", "unsuspend_5/s_p50", "ms"),
     ("Provisioned -> unsuspended, 5/s: p99", "unsuspend_5/s_p99", "ms"),
     ("Provisioned -> unsuspended, at once: p50", "unsuspend_at once_p50", "ms"),
     ("Provisioned -> unsuspended, at once: p99", "unsuspend_at once_p99", "ms"),
+    ("first status patch -> every job unsuspended, 5/s", "drain_5/s", "s"),
+    ("first status patch -> every job unsuspended, at once", "drain_at once", "s"),
     ("API writes per admitted job", "writes_per_job", ""),
+    ("  of them for the admission (raygate: the queue's own apart)", "admission_writes_per_job", ""),
     ("controller peak RSS (MB)", "controller_rss_mb", ""),
     ("everything installed: peak RSS, summed over processes (MB)", "side_rss_mb", ""),
     ("everything installed: peak PSS, each page once (MB)", "side_pss_mb", ""),
     ("controller CPU ms per admitted job", "controller_cpu_s_per_job", "ms"),
 )
+# raygate's claim, judged per row against every Kueue setting. Not create -> request: raygate's queue holds a job's
+# request back until its turn (on plentiful capacity, until the job ahead is admitted) where Kueue, with ample
+# quota, asks for every job at once; nor the drain, where the same autoscaler paces both sides (5/s) or raygate's
+# turns one after another meet Kueue's requests all out at once (printed, not judged).
+TARGET_ROWS = ("unsuspend_5/s_p50", "unsuspend_5/s_p99", "unsuspend_at once_p50", "unsuspend_at once_p99",
+               "writes_per_job")
 
 
 def _cell(value: float, unit: str) -> str:
@@ -365,17 +420,19 @@ def main(args: Any) -> int:
                 r["round"] = rnd + 1
                 runs.append(r)
                 u, c = r["provisioned_to_unsuspended_s"], r["create_to_request_s"]
+                e = r["create_to_unsuspended_s"]
                 print(f"bench:   create->request p50 {c['p50']:.2f}s p99 {c['p99']:.2f}s; Provisioned->unsuspended "
-                      f"p50 {u['p50'] * 1000:.0f}ms p99 {u['p99'] * 1000:.0f}ms; {r['writes_per_admitted_job']:.1f} "
-                      f"writes/job; RSS {r['controller_peak_rss_mb']:.0f} MB; load {r['loadavg_after']}", flush=True)
+                      f"p50 {u['p50'] * 1000:.0f}ms p99 {u['p99'] * 1000:.0f}ms; create->unsuspended p50 "
+                      f"{e['p50']:.2f}s p99 {e['p99']:.2f}s; {r['writes_per_admitted_job']:.1f} writes/job; RSS "
+                      f"{r['controller_peak_rss_mb']:.0f} MB; load {r['loadavg_after']}", flush=True)
     agg = aggregate(runs)
     report.update({"runs": runs, "median": agg, "jobs": args.peer_jobs, "rounds": args.peer_rounds,
                    "pacings": PACINGS, "differences": DIFFERENCES})
     base = agg.get("raygate", {})
-    # raygate's claim, judged per row: every Kueue setting takes at least as long and writes at least as much.
+    # raygate's claim, judged on TARGET_ROWS: every Kueue setting takes at least as long and writes at least as much.
     targets = [Target(f"{SIDE_TITLES[s]} / raygate: {label}", agg[s][key] / base[key] if base.get(key) else math.nan,
                       ">=", TARGET_RATIO, "x")
-               for s in agg if s != "raygate" and base for label, key, _ in ROWS[:7]]
+               for s in agg if s != "raygate" and base for label, key, _ in ROWS if key in TARGET_ROWS]
     # The whole footprint: everything raygate installs (webhook and reconciler) in less memory than Kueue's
     # controller, counted both ways.
     targets += [Target(f"{SIDE_TITLES[s]} / raygate: {label}", agg[s][key] / base[key] if base.get(key) else math.nan,
@@ -422,6 +479,10 @@ def kueue_version() -> str:
 
 # What differs between the sides besides being different programs, and why (printed and in the JSON).
 DIFFERENCES = (
+    "raygate's held jobs wait in its queue: with room for everyone only the front has a request out, and the job "
+    "behind it asks once it is admitted, so raygate's requests appear one at a time and its create -> request "
+    "includes each job's wait for its turn; Kueue's ClusterQueue (BestEffortFIFO, ample quota) admits every Workload "
+    "at once and asks for all. The benchmark provisions each request as it appears, for both sides alike.",
     "Kueue's jobs carry kueue.x-k8s.io/queue-name (its opt-in); raygate's namespace carries raygate's "
     "opt-in label: each side's documented way to manage a job, the RayJob is otherwise identical.",
     "raygate's webhook runs as its own process (gunicorn: a master and one worker of 4 threads, as shipped); "

@@ -141,7 +141,7 @@ def peer(runs: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     plt = _pyplot()
     out.mkdir(parents=True, exist_ok=True)
     sides = [s for s in COLOURS if any(r["side"] == s for r in runs)]
-    panels = [("create -> request exists", "create_to_request_s", None, 1.0, "s"),
+    panels = [("create -> request exists (raygate: its turn in)", "create_to_request_s", None, 1.0, "s"),
               ("Provisioned -> unsuspended, 5/s", "provisioned_to_unsuspended_s", 5.0, 1000.0, "ms"),
               ("Provisioned -> unsuspended, all at once", "provisioned_to_unsuspended_s", 0.0, 1000.0, "ms")]
     fig, axes = plt.subplots(1, len(panels), figsize=(10, 3.2), dpi=DPI)

@@ -1,41 +1,54 @@
 """Reconciler benchmark: 1,000 RayJobs at once, through the real webhook and reconciler processes.
 
+Held jobs wait in a queue (raygate.core.queueing): on plentiful capacity only the front has a
+ProvisioningRequest out, and the job behind it asks once it is admitted. So the burst is no longer
+a pool (every request out at once, all provisioned at once) but a chain of turns.
+
 1. Create N RayJobs (the multi-group GPU sample: head + 3 worker groups, two of them with GPUs) in an
    opted-in namespace, as fast as a pool of client threads can; every create goes through the
-   webhook. Time until every job has a ProvisioningRequest (watched), and until every job is
-   labelled Provisioning with the request named in its annotation.
-2. Play cluster-autoscaler: set Accepted=True and Provisioned=True (one status-subresource patch per
-   request; --status-writers threads at once, 8 by default, each as fast as the API server answers:
-   far faster than a real autoscaler, whose client sends at most 5 writes/s by default). For each
-   job, the delay from the moment its request was patched to the moment a watch on RayJobs shows
-   `spec.suspend: false`. Measured from when the status patch was *sent*, which includes the
-   patch's own latency and the watch delivery (an upper bound); the figure from the patch's
-   response is reported too.
+   webhook, which labels the job Pending. Phase 1 ends when the reconciler has placed every job in
+   its queue (watched): the front labelled Provisioning with its request named in its annotation,
+   every other job with its reason ("waiting in queue default behind RayJob ns/x", no request).
+2. Play cluster-autoscaler as the queue asks it to: a watch on ProvisioningRequests feeds
+   --status-writers threads (8 by default), each setting Accepted=True and Provisioned=True on a
+   request (one status-subresource patch) as soon as the watch shows it, as fast as the API server
+   answers (far faster than a real autoscaler, whose client sends at most 5 writes/s by default),
+   until every job is admitted. Per job: the delay from the moment its request was patched to the
+   moment a watch on RayJobs shows `spec.suspend: false`, measured from when the status patch was
+   *sent* (which includes the patch's own latency and the watch delivery: an upper bound) and from
+   its response; and the queue's hand-off, from the job ahead unsuspended to this job's request
+   seen. A job's turn is hand-off + the benchmark's pick-up + Provisioned -> unsuspended; N turns
+   one after another are the drain.
 3. API writes per admitted job, counted by the API server itself: the delta of
    `apiserver_request_total` for write verbs between a scrape before the creates and one after the
    last job is admitted, minus the writes this benchmark made (known exactly: one create per job and
-   one status patch per request). Nothing else writes in that window (KubeRay is not running; the
-   webhook writes nothing; kube-controller-manager has nothing to do), and the per-resource
-   breakdown shows what was written. Lease renewals and Events count as the reconciler's writes.
+   one status patch per request it saw). Nothing else writes in that window (KubeRay is not running;
+   the webhook writes nothing; kube-controller-manager has nothing to do), and the per-resource
+   breakdown shows what was written. Lease renewals and Events count as the reconciler's writes, and
+   so do the queue's own: a queued job's "waiting behind" reason, the FrontOfQueue Event.
 4. The reconciler's peak RSS: VmHWM from /proc/<pid>/status (summed over its process tree).
 5. What the API server can take here: after the flow, 16 client threads write as fast as they can
    for a few seconds, once with status patches of the requests (what the autoscaler writes) and once
    with patches of the jobs (what the reconciler writes; each goes through raygate's validating
-   webhook). Writes/s and the cores kube-apiserver and etcd used: the ceiling the burst runs into.
+   webhook). Writes/s and the cores kube-apiserver and etcd used: the ceiling a pool of requests
+   provisioned at once runs into (the queue's chain runs into latency first).
 6. Where a job's time went inside the reconciler, from its own metrics scraped at the phase
    boundaries: the wait in its work queue for a worker and the latency of its API requests. With
-   the probe's costs per write, a small model says what delay the API server allows: while W
-   writers set Provisioned, the server shares its cores among everything in flight, so raygate
-   keeps about W * (job patch cost / status patch cost) patches in flight and each job waits about
-   W * (1 + that ratio) / (admissions/s) after its status patch is sent.
+   the probe's costs per write, a small model says what delay the API server allows: with P status
+   patches in flight (the writers, but no more than the requests the queue keeps out at once), the
+   server shares its cores among everything in flight, so raygate keeps about P * (job patch cost /
+   status patch cost) patches in flight and each job waits about P * (1 + that ratio) /
+   (admissions/s) after its status patch is sent.
 7. With --profile, py-spy samples the reconciler through both phases (where its CPU goes).
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import logging
 import os
+import queue
 import re
 import shutil
 import signal
@@ -46,7 +59,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +72,7 @@ from benchmarks.common import BenchError, Target
 from benchmarks.samples import rayjob
 from raygate.core import keys
 from raygate.core.api import CONFIGMAPS, EVENTS, LEASES, RAYJOBS, Resource, provisioning_requests
+from raygate.core.conditions import conditions
 from raygate.core.objects import JSON, get, metadata
 from raygate.kube import discovery
 from raygate.kube.client import MERGE_PATCH, ApiError, Kube
@@ -88,17 +102,51 @@ def _kube(kubeconfig: str, pool_size: int) -> Kube:
 # --- what the watches see --------------------------------------------------------------------------
 
 @dataclass
+class QueuePatches:
+    """The queue's own patches of raygate's jobs, each seen on a watch as one new version of a job (only raygate
+    writes the jobs while they are held): a "waiting in queue" reason written, a request withdrawn
+    (Provisioning -> Pending), a job asking again after it was withdrawn. Not locked: callers hold their own."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    _last: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # job -> (resourceVersion, state, reason)
+    _asked: set[str] = field(default_factory=set)  # jobs seen Provisioning
+
+    def see(self, obj: JSON) -> None:
+        meta = metadata(obj)
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        state = str((meta.get("labels") or {}).get(keys.STATE_LABEL) or "")
+        reason = str((meta.get("annotations") or {}).get(keys.REASON_ANNOTATION) or "")
+        before = self._last.get(name)
+        self._last[name] = (version, state, reason)
+        if before is not None and before[0] != version:
+            _, was, said = before
+            if reason.startswith("waiting in queue ") and reason != said:
+                self.counts["'waiting in queue' reason"] += 1
+            elif (was, state) == (keys.State.PROVISIONING.value, keys.State.PENDING.value):
+                self.counts["request withdrawn"] += 1
+            elif state == keys.State.PROVISIONING.value and was != state and name in self._asked:
+                self.counts["asks again"] += 1
+        if state == keys.State.PROVISIONING.value:
+            self._asked.add(name)
+
+
+@dataclass
 class Tracker:
     """First time (time.monotonic) each job reached each milestone, from watch events."""
 
     names: set[str]
     created: dict[str, float] = field(default_factory=dict)
+    placed: dict[str, float] = field(default_factory=dict)  # labelled, with the reconciler's reason: in its queue
+    queued: dict[str, float] = field(default_factory=dict)  # its reason said it waits behind another job
+    behind: dict[str, set[str]] = field(default_factory=dict)  # the "waiting in queue ... behind X" reasons it had
     request_seen: dict[str, float] = field(default_factory=dict)  # a ProvisioningRequest owned by the job exists
     requests_per_job: dict[str, set[str]] = field(default_factory=dict)
-    provisioning: dict[str, float] = field(default_factory=dict)  # state Provisioning + request annotation
     unsuspended: dict[str, float] = field(default_factory=dict)  # spec.suspend false
     admitted: dict[str, float] = field(default_factory=dict)  # state Admitted
     request_of: dict[str, str] = field(default_factory=dict)  # job -> request named in its annotation
+    open_requests: set[str] = field(default_factory=set)  # requests that exist and are not Provisioned
+    most_open: int = 0  # the most requests out (not Provisioned) at once, since the last reset
+    queue_patches: QueuePatches = field(default_factory=QueuePatches)
     lock: threading.Lock = field(default_factory=threading.Lock)
     changed: threading.Condition = field(init=False)
 
@@ -114,33 +162,76 @@ class Tracker:
         labels = meta.get("labels") or {}
         annotations = meta.get("annotations") or {}
         state = labels.get(keys.STATE_LABEL)
+        reason = str(annotations.get(keys.REASON_ANNOTATION) or "")
         with self.changed:
             request = annotations.get(keys.REQUEST_ANNOTATION)
             if request:
                 self.request_of[name] = str(request)
-            if state == keys.State.PROVISIONING.value and request:
-                self.provisioning.setdefault(name, now)
+            # The webhook labels every job Pending as it is created; the reason is the reconciler's.
+            if state and reason:
+                self.placed.setdefault(name, now)
+            if reason.startswith("waiting in queue "):
+                self.queued.setdefault(name, now)
+                self.behind.setdefault(name, set()).add(reason)
+            self.queue_patches.see(obj)
             if (obj.get("spec") or {}).get("suspend") is False:
                 self.unsuspended.setdefault(name, now)
             if state == keys.State.ADMITTED.value:
                 self.admitted.setdefault(name, now)
             self.changed.notify_all()
 
-    def on_request(self, kind: str, obj: JSON) -> None:
+    def reset_most_open(self) -> int:
+        """The most requests out at once so far; counting starts again from those out now."""
+        with self.lock:
+            most, self.most_open = self.most_open, len(self.open_requests)
+        return most
+
+    def on_request(self, kind: str, obj: JSON) -> str | None:
+        """Record a request; the job it books (None: not one of the benchmark's jobs)."""
         now = time.monotonic()
-        if kind == "DELETED":
-            return
         meta = metadata(obj)
-        for ref in meta.get("ownerReferences") or []:
-            job = ref.get("name")
-            if ref.get("kind") == keys.RAYJOB_KIND and job in self.names:
-                with self.changed:
-                    self.request_seen.setdefault(job, now)
-                    self.requests_per_job.setdefault(job, set()).add(str(meta.get("name")))
-                    self.changed.notify_all()
+        job = job_of_request(obj, self.names)
+        if job is None:
+            return None
+        name = str(meta.get("name"))
+        with self.changed:
+            if kind == "DELETED" or provisioned(obj):
+                self.open_requests.discard(name)
+            else:
+                self.open_requests.add(name)
+                self.most_open = max(self.most_open, len(self.open_requests))
+            if kind != "DELETED":
+                self.request_seen.setdefault(job, now)
+                self.requests_per_job.setdefault(job, set()).add(name)
+            self.changed.notify_all()
+        return job
 
     def wait(self, what: dict[str, float], timeout: float, label: str) -> bool:
         return common.wait_all(self.changed, what, len(self.names), timeout, label)
+
+    def handoffs(self) -> list[float]:
+        """The queue's hand-off, per job that asked after another was admitted: from the latest unsuspend
+        before its request was seen, to that request."""
+        with self.lock:
+            done = sorted(self.unsuspended.values())
+            asked = list(self.request_seen.values())
+        out = []
+        for t in asked:
+            i = bisect.bisect_right(done, t)
+            if i:
+                out.append(t - done[i - 1])
+        return out
+
+
+def job_of_request(obj: JSON, names: set[str]) -> str | None:
+    """The benchmark's RayJob that owns a request, or None."""
+    return next((str(ref.get("name")) for ref in metadata(obj).get("ownerReferences") or []
+                 if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in names), None)
+
+
+def provisioned(obj: JSON) -> bool:
+    found = conditions(obj).get("Provisioned")
+    return found is not None and found.true
 
 
 # --- the API server's own write count ---------------------------------------------------------------
@@ -214,8 +305,10 @@ def latency_between(before: dict[str, dict[str, float]], after: dict[str, dict[s
     return out
 
 
-def predicted_delay(probe: dict[str, Any], writers: int, cores: int = CORES) -> JSON:
-    """The model in the module docstring, from the probe's control-plane CPU per write."""
+def predicted_delay(probe: dict[str, Any], writers: int, cores: int = CORES, requests_out: int | None = None) -> JSON:
+    """The model in the module docstring, from the probe's control-plane CPU per write. `requests_out`: the most
+    requests the queue kept out at once (None: as many as there are writers); no more status patches than that
+    are in flight, however many writers wait for them."""
     cost = {k: p["cpu_ms_per_write"].get("kube-apiserver", 0) + p["cpu_ms_per_write"].get("etcd", 0)
             for k, p in probe.items()}
     status, patch, event = cost["request status patch"], cost["job patch by the reconciler"], cost["Event"]
@@ -223,8 +316,10 @@ def predicted_delay(probe: dict[str, Any], writers: int, cores: int = CORES) -> 
         return {}
     rate = cores * 1000 / (status + patch + event)
     ratio = patch / status
-    return {"writers": writers, "job_to_status_cost": ratio, "admissions_per_s": rate,
-            "raygate_patches_in_flight": writers * ratio, "delay_s": writers * (1 + ratio) / rate}
+    in_flight = writers if requests_out is None else max(min(writers, requests_out), 1)
+    return {"writers": writers, "status_patches_in_flight": in_flight, "job_to_status_cost": ratio,
+            "admissions_per_s": rate, "raygate_patches_in_flight": in_flight * ratio,
+            "delay_s": in_flight * (1 + ratio) / rate}
 
 
 # --- the flow ------------------------------------------------------------------------------------
@@ -243,6 +338,97 @@ def _pr_resource(kube: Kube) -> Resource:
     if (version := discovery.served_provreq_version(kube)) is not None:
         return provisioning_requests(version)
     raise BenchError("the API server serves no ProvisioningRequest version: are the CRDs installed?")
+
+
+class Autoscaler:
+    """Plays cluster-autoscaler as the queue asks it to: from start() on, `writers` threads set Accepted and
+    Provisioned (one status patch) on each request as soon as a watch shows it (offer()); `rate` > 0 spaces the
+    patches 1/rate s apart, as a real autoscaler's client does (QPS 5 by default), 0 sends each as fast as the
+    API server answers. A request withdrawn before its patch is counted apart."""
+
+    def __init__(self, kube: Kube, pr_res: Resource, namespace: str, writers: int, rate: float = 0.0) -> None:
+        self._kube, self._res, self._namespace = kube, pr_res, namespace
+        self._writers, self._rate = writers, rate
+        self._todo: queue.SimpleQueue[tuple[str, str, float] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._known: set[str] = set()
+        self._deleted: set[str] = set()
+        self._early: list[tuple[str, str, float]] = []  # seen before start()
+        self._threads: list[threading.Thread] = []
+        self._next_slot = 0.0
+        self.started = float("nan")
+        self.seen: dict[str, float] = {}  # job -> when the watch showed the request patched for it
+        self.sent: dict[str, float] = {}  # job -> when its status patch was sent
+        self.returned: dict[str, float] = {}  # job -> when its status patch returned
+        self.patches = 0  # status patches sent (the API server counts each, answered 2xx or not)
+        self.refused = 0  # of those, answered non-2xx
+        self.gone: list[str] = []  # requests deleted before their patch (withdrawn by the queue)
+        self.errors: list[str] = []
+
+    def offer(self, job: str, obj: JSON, seen: float) -> None:
+        """A request the watch shows (each is patched once; one already Provisioned is left alone)."""
+        name = str(metadata(obj).get("name") or "")
+        if not name or provisioned(obj):
+            return
+        with self._lock:
+            if name in self._known:
+                return
+            self._known.add(name)
+            if not self._threads:
+                self._early.append((job, name, seen))
+                return
+        self._todo.put((job, name, seen))
+
+    def forget(self, obj: JSON) -> None:
+        """A request deleted (withdrawn by the queue): not to be patched if it was not yet."""
+        with self._lock:
+            self._deleted.add(str(metadata(obj).get("name") or ""))
+
+    def start(self) -> float:
+        """The writers start, with the requests seen so far first; returns when."""
+        with self._lock:
+            self.started = time.monotonic()
+            self._threads = [threading.Thread(target=self._run, name=f"autoscaler-{i}", daemon=True)
+                             for i in range(self._writers)]
+            early, self._early = self._early, []
+        for item in early:
+            self._todo.put(item)
+        for t in self._threads:
+            t.start()
+        return self.started
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._todo.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def _run(self) -> None:
+        while (item := self._todo.get()) is not None:
+            job, name, seen = item
+            with self._lock:
+                if name in self._deleted:
+                    self.gone.append(name)
+                    continue
+            if self._rate:
+                with self._lock:
+                    slot = max(time.monotonic(), self._next_slot)
+                    self._next_slot = slot + 1 / self._rate
+                time.sleep(max(slot - time.monotonic(), 0))
+            t0 = time.monotonic()
+            try:
+                self._kube.patch(self._res, name, _provisioned_patch(), self._namespace,
+                                 content_type=MERGE_PATCH, sub="status")
+            except ApiError as err:
+                with self._lock:
+                    self.patches += 1
+                    self.refused += 1
+                    (self.gone if err.not_found else self.errors).append(name if err.not_found else str(err))
+                continue
+            with self._lock:
+                self.patches += 1
+                # Seen before start(): its pick-up counts from the start.
+                self.seen[job], self.sent[job], self.returned[job] = max(seen, self.started), t0, time.monotonic()
 
 
 def _wait_leader(kube: Kube, pid: int, timeout: float = 60) -> str:
@@ -440,8 +626,17 @@ def _start_raygate(cp: Any, kube: Kube, reconciler_args: tuple[str, ...]) -> tup
     return rec_pid, leader
 
 
-def _watch(cp: Any, tracker: Tracker, pr_res: Resource, lease_updates: list[float]) -> list[Informer]:
-    """The benchmark's own watches: jobs and requests feed `tracker`, raygate's Lease renewals `lease_updates`."""
+def _watch(cp: Any, tracker: Tracker, autoscaler: Autoscaler, pr_res: Resource,
+           lease_updates: list[float]) -> list[Informer]:
+    """The benchmark's own watches: jobs feed `tracker`, requests `tracker` and `autoscaler`, raygate's Lease
+    renewals `lease_updates`."""
+
+    def on_request(kind: str, obj: JSON) -> None:
+        job = tracker.on_request(kind, obj)
+        if job is not None and kind == "DELETED":
+            autoscaler.forget(obj)
+        elif job is not None:
+            autoscaler.offer(job, obj, time.monotonic())
 
     def on_lease(kind: str, obj: JSON) -> None:
         meta = metadata(obj)
@@ -452,7 +647,7 @@ def _watch(cp: Any, tracker: Tracker, pr_res: Resource, lease_updates: list[floa
     watches = [
         Informer(_kube(str(cp.kubeconfig), 2), RAYJOBS, namespace=NAMESPACE, handler=tracker.on_job,
                  resync_seconds=3600).start(),
-        Informer(_kube(str(cp.kubeconfig), 2), pr_res, namespace=NAMESPACE, handler=tracker.on_request,
+        Informer(_kube(str(cp.kubeconfig), 2), pr_res, namespace=NAMESPACE, handler=on_request,
                  resync_seconds=3600).start(),
         Informer(_kube(str(cp.kubeconfig), 2), LEASES, namespace=keys.SYSTEM_NAMESPACE, handler=on_lease,
                  resync_seconds=3600).start(),
@@ -478,27 +673,6 @@ def _create_all(kube: Kube, tracker: Tracker, names: list[str]) -> tuple[float, 
     return t_create, t_created
 
 
-def _provision_all(kube: Kube, pr_res: Resource, targets: dict[str, str], writers: int
-                   ) -> tuple[dict[str, float], dict[str, float], float, float]:
-    """Phase 2: the cluster-autoscaler says Accepted and Provisioned: `writers` threads, each patching one
-    request after another as fast as the API server answers. (sent, returned) per job, start, end."""
-    sent: dict[str, float] = {}
-    returned: dict[str, float] = {}
-
-    def provision(item: tuple[str, str]) -> None:
-        job, request = item
-        t0 = time.monotonic()
-        kube.patch(pr_res, request, _provisioned_patch(), NAMESPACE, content_type=MERGE_PATCH, sub="status")
-        sent[job], returned[job] = t0, time.monotonic()
-
-    t_patch = time.monotonic()
-    with ThreadPoolExecutor(writers) as pool:
-        list(pool.map(provision, sorted(targets.items())))
-    t_patched = time.monotonic()
-    print(f"bench: set Provisioned on {len(targets)} requests in {t_patched - t_patch:.1f}s", flush=True)
-    return sent, returned, t_patch, t_patched
-
-
 def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler_args: tuple[str, ...] = (),
              profile: bool = False) -> dict[str, Any]:
     kube = _kube(str(cp.kubeconfig), CLIENT_THREADS * 2)
@@ -506,32 +680,39 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
     rec_pid, leader = _start_raygate(cp, kube, reconciler_args)
     names = [f"job-{i:04d}" for i in range(jobs)]
     tracker = Tracker(set(names))
+    autoscaler = Autoscaler(_kube(str(cp.kubeconfig), status_writers * 2), pr_res, NAMESPACE, status_writers)
     lease_updates: list[float] = []
-    watches = _watch(cp, tracker, pr_res, lease_updates)
+    watches = _watch(cp, tracker, autoscaler, pr_res, lease_updates)
     b0 = Boundary.now(cp)
     rss = RssSampler(rec_pid)
     profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase1.txt") if profile else None
     profiles: dict[str, Any] = {}
 
+    # Phase 1: the burst, until the reconciler has placed every job in its queue (the front asks; the rest wait).
     t_create, t_created = _create_all(kube, tracker, names)
-    all_requests = tracker.wait(tracker.request_seen, timeout, "have a ProvisioningRequest")
-    t_requests = max(tracker.request_seen.values(), default=float("nan"))
-    all_provisioning = tracker.wait(tracker.provisioning, timeout if all_requests else 5, "in state Provisioning")
-    t_provisioning = max(tracker.provisioning.values(), default=float("nan"))
+    all_placed = tracker.wait(tracker.placed, timeout, "placed in their queue")
+    t_placed = max(tracker.placed.values(), default=float("nan"))
     time.sleep(2)  # let trailing phase-1 writes (Events) land before the phase boundary scrape
     b1 = Boundary.now(cp)
+    most_out_phase1 = tracker.reset_most_open()
+    with tracker.lock:
+        asking_at_boundary = len(tracker.open_requests)
+        queued_at_boundary = len(tracker.queued)
     if profiler:
         profiles["phase1"] = profiler.stop()
         profiler = Profiler(rec_pid, common.OUT_DIR / "reconciler-profile-phase2.txt")
 
-    with tracker.lock:
-        targets = {n: tracker.request_of.get(n) or min(tracker.requests_per_job.get(n) or {""}) for n in names}
-    targets = {n: r for n, r in targets.items() if r}
-    sent, returned, t_patch, t_patched = _provision_all(kube, pr_res, targets, status_writers)
+    # Phase 2: the benchmark plays the autoscaler, provisioning each request as it appears, until all are admitted.
+    t_patch = autoscaler.start()
+    print(f"bench: provisioning requests as they appear ({status_writers} writers)", flush=True)
     all_unsuspended = tracker.wait(tracker.unsuspended, timeout, "unsuspended")
+    t_unsuspended = max(tracker.unsuspended.values(), default=float("nan"))
     tracker.wait(tracker.admitted, 10 if all_unsuspended else 1, "labelled Admitted")
     time.sleep(3)  # trailing writes (Events, annotations) of the last admissions
+    autoscaler.stop()
     b2 = Boundary.now(cp)
+    print(f"bench: {len(tracker.unsuspended)} of {jobs} unsuspended {t_unsuspended - t_patch:.1f}s after the first "
+          f"request was provisioned; {autoscaler.patches} status patches", flush=True)
     if profiler:
         profiles["phase2"] = profiler.stop()
     rss_mb = rss.stop()
@@ -542,13 +723,19 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
     lease_writes = (sum(1 for t in lease_updates if b0.at <= t < b1.at),
                     sum(1 for t in lease_updates if b1.at <= t < b2.at))
     bench_writes: Counter[str] = Counter({"ray.io/rayjobs POST": jobs,
-                                          f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH": len(targets)})
+                                          f"{keys.PROVREQ_GROUP}/{pr_res.plural}/status PATCH": autoscaler.patches})
+    sent, returned = autoscaler.sent, autoscaler.returned
 
     # Check what the reconciler left, from a fresh list (not only the watch).
     listed = kube.list(RAYJOBS, NAMESPACE).get("items") or []
-    check = _check_jobs(listed, kube.list(pr_res, NAMESPACE).get("items") or [])
+    requests = kube.list(pr_res, NAMESPACE).get("items") or []
+    check = _check_jobs(listed, requests)
+    events = kube.list(EVENTS, NAMESPACE).get("items") or []
+    front_events = sum(1 for e in events if e.get("reason") == "FrontOfQueue")
     # The ceiling: how many writes/s the API server takes here, with nothing else going on.
-    probe = api_server_probe(cp, kube, pr_res, sorted(t for t in targets.values() if t), names)
+    probe = api_server_probe(cp, kube, pr_res, sorted(metadata(r)["name"] for r in requests), names)
+    turns = [sent[j] - autoscaler.seen[j] for j in sent]
+    behind = [len(tracker.behind.get(n, ())) for n in names if n in tracker.queued]
 
     return {
         "jobs": jobs,
@@ -558,20 +745,29 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
         "reconciler_leader": leader,
         "create_seconds": t_created - t_create,
         "creates_per_s": jobs / (t_created - t_create),
-        "all_requests": all_requests,
-        "seconds_until_all_requests": t_requests - t_create,
-        "seconds_until_all_provisioning": t_provisioning - t_create,
-        "all_provisioning": all_provisioning,
+        "all_placed": all_placed,
+        "seconds_until_all_placed": t_placed - t_create,
+        "placed_after_create_s": common.summary(_delays(tracker.created, tracker.placed)),
+        "requests_out_at_phase_boundary": asking_at_boundary,
+        "queued_at_phase_boundary": queued_at_boundary,
+        "jobs_queued_behind_another": len(tracker.queued),
+        "behind_reasons_per_queued_job": common.summary([float(n) for n in behind]),
+        "most_requests_out_at_once": tracker.most_open,  # phase 2: while jobs were being admitted
+        "most_requests_out_at_once_phase1": most_out_phase1,
+        "queue_patches_of_jobs": dict(tracker.queue_patches.counts),
+        "front_of_queue_events": front_events,
         "jobs_with_request": len(tracker.request_seen),
         "request_after_create_s": common.summary(_delays(tracker.created, tracker.request_seen)),
-        "status_patch_seconds": t_patched - t_patch,
-        "status_patches_per_s": len(targets) / max(t_patched - t_patch, 1e-9),
+        "status_patches": autoscaler.patches,
+        "requests_gone_before_patch": len(autoscaler.gone),
+        "status_patch_errors": autoscaler.errors[:5],
         "all_unsuspended": all_unsuspended,
-        "seconds_from_first_patch_to_last_unsuspend": max(tracker.unsuspended.values(), default=float("nan"))
-        - t_patch,
+        "seconds_from_first_patch_to_last_unsuspend": t_unsuspended - t_patch,
         "jobs_unsuspended": len(tracker.unsuspended),
         "delay_from_patch_sent_s": common.summary(_delays(sent, tracker.unsuspended)),
         "delay_from_patch_returned_s": common.summary(_delays(returned, tracker.unsuspended)),
+        "handoff_s": common.summary(tracker.handoffs()),
+        "request_seen_to_patch_sent_s": common.summary(turns),
         "writes_by_resource": _writes_table((_delta(b1.writes, b0.writes), _delta(b2.writes, b1.writes)),
                                             bench_writes, lease_writes),
         "bench_writes": dict(bench_writes),
@@ -586,7 +782,8 @@ def run_flow(cp: Any, jobs: int, timeout: float, status_writers: int, reconciler
         "api_server_probe": probe,
         "inside_reconciler": {"phase1": latency_between(b0.inside, b1.inside),
                               "phase2": latency_between(b1.inside, b2.inside)},
-        "model": predicted_delay(probe, status_writers),
+        "model": predicted_delay(probe, status_writers, requests_out=tracker.most_open),
+        "model_pool": predicted_delay(probe, status_writers),
         "profiles": profiles,
     }
 
@@ -621,7 +818,11 @@ def _writes_table(deltas: tuple[Counter[Any], Counter[Any]], bench: Counter[str]
     return sorted(rows.values(), key=lambda r: (-r["by_raygate"], r["resource"]))
 
 
-def probe_table(probe: dict[str, Any], jobs: int) -> str:
+def _n(count: int, noun: str, plural: str = "s") -> str:
+    return f"{count:,} {noun}{'' if count == 1 else plural}"
+
+
+def probe_table(probe: dict[str, Any], flow: JSON) -> str:
     rows = []
     for what, p in probe.items():
         ms, cores = p["cpu_ms_per_write"], p["cores_by_process"]
@@ -631,13 +832,21 @@ def probe_table(probe: dict[str, Any], jobs: int) -> str:
                  + p["cpu_ms_per_write"].get("raygate-webhook", 0) for k, p in probe.items()}
     per_admission = sum(apiserver[k] for k in ("request status patch", "job patch by the reconciler", "Event"))
     ceiling = CORES * 1000 / per_admission if per_admission else float("nan")
-    return common.table(
+    jobs, drain = flow["jobs"], flow["seconds_from_first_patch_to_last_unsuspend"]
+    rate = flow["jobs_unsuspended"] / drain if drain > 0 else float("nan")
+    text = common.table(
         ["write (16 threads, each kind alone)", "per s", "apiserver CPU ms", "etcd CPU ms", "webhook CPU ms",
-         "apiserver cores"], rows, "What the API server takes here") + (
-        f"\nOne admission costs the control plane {per_admission:.1f} ms of CPU (status patch + the reconciler's job "
-        f"patch + Event; apiserver + etcd):\non {CORES} cores and nothing else running, at most {ceiling:.0f} "
-        f"admissions/s; {jobs:,} provisioned at once need {jobs / ceiling:.1f} s at the least."
-        if per_admission else "")
+         "apiserver cores"], rows, "What the API server takes here")
+    if per_admission:
+        text += (
+            f"\nOne admission costs the control plane {per_admission:.1f} ms of CPU (status patch + the reconciler's "
+            f"job patch + Event; apiserver + etcd):\non {CORES} cores and nothing else running, at most {ceiling:.0f} "
+            f"admissions/s; a pool of {jobs:,} requests provisioned at once would need {jobs / ceiling:.1f} s at the "
+            f"least.\nThe queue kept at most {_n(flow['most_requests_out_at_once'], 'request')} out at once: "
+            f"{flow['jobs_unsuspended']:,} jobs were admitted one after another in {drain:.1f} s ({rate:.0f}/s, "
+            f"{100 * rate / ceiling:.0f} % of that ceiling); each job asks only once the one ahead is admitted, so "
+            "the latency of a turn, not the API server's CPU, sets the pace.")
+    return text
 
 
 def inside_table(flow: JSON) -> str:
@@ -652,16 +861,21 @@ def inside_table(flow: JSON) -> str:
     m = flow.get("model") or {}
     if m:
         d = flow["delay_from_patch_sent_s"]
+        pool = flow.get("model_pool") or {}
+        n = m["status_patches_in_flight"]
         text += (
-            f"\nThe API server's wall: {m['writers']} writer{'s' if m['writers'] != 1 else ''} set Provisioned; a job "
-            "patch costs "
-            f"{m['job_to_status_cost']:.1f}x a status patch, so raygate holds about "
-            f"{m['raygate_patches_in_flight']:.0f} patches in flight and each job waits about "
-            f"{m['delay_s'] * 1000:.0f} ms at {m['admissions_per_s']:.0f} admissions/s "
-            f"(measured: mean {d['mean'] * 1000:.0f} ms, p99 {d['p99'] * 1000:.0f} ms).\n"
-            f"The delay grows in step with the writers: a p99 of {P99_TARGET_S * 1000:.0f} ms allows about "
-            f"{m['writers'] * P99_TARGET_S / d['p99']:.1f} writers at once here; cluster-autoscaler's own client "
-            "sends at most 5 writes/s by default (QPS 5, burst 10).")
+            f"\nThe API server's wall: {m['writers']} writer{'s' if m['writers'] != 1 else ''} set Provisioned, but "
+            f"the queue kept at most {_n(flow['most_requests_out_at_once'], 'request')} out at once, so "
+            f"{_n(n, 'status patch', 'es')} in flight; a job patch costs {m['job_to_status_cost']:.1f}x a status "
+            f"patch, so raygate holds about {m['raygate_patches_in_flight']:.1f} patches in flight and each job waits "
+            f"about {m['delay_s'] * 1000:.0f} ms at {m['admissions_per_s']:.0f} admissions/s (measured: mean "
+            f"{d['mean'] * 1000:.0f} ms, p99 {d['p99'] * 1000:.0f} ms).\n"
+            f"The delay grows in step with the status patches in flight: a p99 of {P99_TARGET_S * 1000:.0f} ms allows "
+            f"about {n * P99_TARGET_S / d['p99']:.1f} at once here")
+        if pool:
+            text += (f" (a pool of requests all out at once, provisioned by {pool['writers']} writers, would wait "
+                     f"about {pool['delay_s'] * 1000:.0f} ms)")
+        text += "; cluster-autoscaler's own client sends at most 5 writes/s by default (QPS 5, burst 10)."
     return text
 
 
@@ -691,6 +905,28 @@ def _check_jobs(jobs: list[JSON], requests: list[JSON]) -> JSON:
 
 # --- report --------------------------------------------------------------------------------------
 
+def split_writes(ok: Mapping[str, int], refused: int, queue_patches: Mapping[str, int], front_events: int,
+                 admitted: int) -> dict[str, Any]:
+    """raygate's writes for its jobs (Lease renewals apart) by what they were for. `ok`: those the API server took,
+    by "resource verb"; `refused`: those it answered non-2xx (a patch whose `test` failed, an Event that already
+    existed). The queue's own: the job patches a watch saw it make (QueuePatches), its FrontOfQueue Events, requests
+    withdrawn and made again. The admission: the rest (per job, before the queue: 2 PodTemplates, the request, the
+    Provisioning patch, the admitting patch and its Event)."""
+    pr = f"{keys.PROVREQ_GROUP}/provisioningrequests"
+    queue = {**queue_patches, "FrontOfQueue Event": front_events, "request deleted": ok.get(f"{pr} DELETE", 0),
+             "request made again": max(ok.get(f"{pr} POST", 0) - admitted, 0)}
+    total = sum(ok.values()) + refused
+    return {"total": total, "queue": sum(queue.values()), "queue_by_what": {k: v for k, v in queue.items() if v},
+            "refused": refused, "admission": total - sum(queue.values()) - refused}
+
+
+def writes_of_flow(flow: JSON) -> dict[str, Any]:
+    rows = [r for r in flow["writes_by_resource"] if r["by_raygate"] and not r["resource"].endswith("/leases")]
+    return split_writes({f"{r['resource']} {r['verb']}": r["by_raygate"] - r["non_2xx"] for r in rows},
+                        sum(r["non_2xx"] for r in rows), flow["queue_patches_of_jobs"], flow["front_of_queue_events"],
+                        flow["check"]["admitted"])
+
+
 def main(args: Any) -> int:
     t0 = time.monotonic()
     report: JSON = {"benchmark": "reconciler", "started": common.now_iso(), "machine": common.machine_info()}
@@ -710,32 +946,56 @@ def main(args: Any) -> int:
     job_writes = raygate_writes - lease_writes
     writes_per_job = job_writes / admitted if admitted else float("nan")
     nan = float("nan")
+    split = writes_of_flow(flow)
+    per = admitted or nan
     delay = flow["delay_from_patch_sent_s"]
     complete = flow["all_unsuspended"]
     targets = [
         Target(f"Provisioned -> unsuspended p99 ({jobs:,} jobs)", delay["p99"] if complete else nan, "<=",
                P99_TARGET_S, "s"),
-        Target(f"create -> request p99 ({jobs:,} jobs)", flow["request_after_create_s"]["p99"]
-               if flow["all_requests"] else nan, "<=", CREATE_P99_TARGET_S, "s"),
-        Target("API writes per admitted job (Lease renewals apart)", writes_per_job, "<=", WRITES_TARGET, "writes"),
+        # Under the queue only the front asks at once: a job's request waits for every admission ahead of it, so
+        # create -> request is no target any more (docs/benchmarks.md); what the burst must not slow is the
+        # reconciler placing every job in its queue.
+        Target(f"create -> placed in its queue p99 ({jobs:,} jobs)", flow["placed_after_create_s"]["p99"]
+               if flow["all_placed"] else nan, "<=", CREATE_P99_TARGET_S, "s"),
+        # The queue's own writes (a "waiting in queue" reason, a FrontOfQueue Event, withdrawals) come on top of
+        # the admission's: the target stays on the admission, and the total is printed beside it.
+        Target("API writes per admitted job for the admission (the queue's own, refused and Lease renewals apart)",
+               split["admission"] / per, "<=", WRITES_TARGET, "writes"),
         Target("reconciler peak RSS (VmHWM)", flow["reconciler_peak_rss_mb"] or nan, "<=", RSS_TARGET_MB, "MB"),
     ]
     report["raygate_writes"] = raygate_writes
     report["raygate_lease_writes"] = lease_writes
     report["writes_per_admitted_job"] = writes_per_job
+    report["writes_by_what"] = split
+    report["admission_writes_per_admitted_job"] = split["admission"] / per
+    report["queue_writes_per_admitted_job"] = split["queue"] / per
     report["writes_per_admitted_job_with_leases"] = raygate_writes / admitted if admitted else float("nan")
     path = common.write_report("reconciler", report, targets, t0)
 
     print()
+    placed, req = flow["placed_after_create_s"], flow["request_after_create_s"]
+    hand, pick = flow["handoff_s"], flow["request_seen_to_patch_sent_s"]
     rows: list[list[Any]] = [
         ["RayJobs created at once", f"{jobs:,}", f"in {flow['create_seconds']:.1f} s ({flow['creates_per_s']:.0f}/s)"],
-        ["until every job has a ProvisioningRequest", f"{flow['seconds_until_all_requests']:.1f} s",
-         f"{flow['jobs_with_request']:,} of {jobs:,}; from the first create"],
-        ["until every job is state Provisioning", f"{flow['seconds_until_all_provisioning']:.1f} s", ""],
-        ["create -> request, p50 / p99", f"{flow['request_after_create_s']['p50']:.2f} / "
-         f"{flow['request_after_create_s']['p99']:.2f} s", "per job"],
-        ["Accepted+Provisioned set on all requests", f"{flow['status_patch_seconds']:.1f} s",
-         f"{flow['status_patches_per_s']:.0f} status patches/s"],
+        ["until every job is placed in its queue", f"{flow['seconds_until_all_placed']:.1f} s",
+         f"from the first create; then {_n(flow['requests_out_at_phase_boundary'], 'request')} out, "
+         f"{flow['queued_at_phase_boundary']:,} jobs waiting behind another"],
+        ["create -> placed, p50 / p99", f"{placed['p50']:.2f} / {placed['p99']:.2f} s",
+         "per job: labelled, with the reconciler's reason"],
+        ["create -> request, p50 / p99", f"{req['p50']:.2f} / {req['p99']:.2f} s",
+         f"per job, its wait for its turn included; {flow['jobs_with_request']:,} of {jobs:,} asked"],
+        ["most requests out at once", f"{flow['most_requests_out_at_once']}",
+         f"{flow['status_patches']:,} status patches by {flow['model']['writers'] if flow['model'] else '?'} "
+         f"writers as each request appeared; {flow['requests_gone_before_patch']} withdrawn first"],
+        ["'waiting behind' reasons per queued job", f"mean {flow['behind_reasons_per_queued_job']['mean']:.2f}",
+         f"max {flow['behind_reasons_per_queued_job']['max']:.0f}; {flow['jobs_queued_behind_another']:,} jobs "
+         "waited behind another"],
+        ["hand-off: job ahead unsuspended -> request",
+         f"p50 {hand['p50'] * 1000:.0f} ms, p99 {hand['p99'] * 1000:.0f} ms",
+         f"max {hand['max'] * 1000:.0f} ms; the queue moving on"],
+        ["request seen -> status patch sent", f"p50 {pick['p50'] * 1000:.0f} ms, p99 {pick['p99'] * 1000:.0f} ms",
+         "the benchmark's own pick-up"],
     ]
     for label, key in (("from patch sent", "delay_from_patch_sent_s"), ("from patch returned",
                                                                          "delay_from_patch_returned_s")):
@@ -745,13 +1005,18 @@ def main(args: Any) -> int:
                      f"max {s['max'] * 1000:.0f} ms; {flow['jobs_unsuspended']:,} of {jobs:,} unsuspended"])
     c = flow["check"]
     drain = flow["seconds_from_first_patch_to_last_unsuspend"]
-    rows.append(["first status patch -> last job unsuspended", f"{drain:.1f} s",
-                 f"{flow['jobs_unsuspended'] / drain:.0f} admissions/s" if drain > 0 else ""])
+    rows.append(["first request provisioned -> last job unsuspended", f"{drain:.1f} s",
+                 f"{flow['jobs_unsuspended'] / drain:.1f} admissions/s, a turn every "
+                 f"{drain / flow['jobs_unsuspended'] * 1000:.0f} ms" if drain > 0 and flow["jobs_unsuspended"] else ""])
     events = sum(r["by_raygate"] for r in flow["writes_by_resource"] if r["resource"].endswith("events"))
-    per = admitted or float("nan")
     rows += [
         ["API writes by raygate for the jobs", f"{job_writes:,}", f"{writes_per_job:.2f} per admitted job "
          f"({(job_writes - events) / per:.2f} without Events)"],
+        ["  for the admission itself", f"{split['admission']:,}", f"{split['admission'] / per:.2f} per admitted job"],
+        ["  the queue's own", f"{split['queue']:,}", f"{split['queue'] / per:.2f} per admitted job: "
+         + ", ".join(f"{n} {what}" for what, n in split["queue_by_what"].items())],
+        ["  refused by the API server (non-2xx)", f"{split['refused']:,}", f"{split['refused'] / per:.2f} per "
+         "admitted job: a patch whose test failed, an Event that existed"],
         ["  + its Lease renewals", f"{lease_writes:,}", f"{raygate_writes / per:.2f} per admitted job with them"],
         ["reconciler peak RSS (VmHWM)", f"{flow['reconciler_peak_rss_mb']:.0f} MB",
          f"alive at end: {flow['reconciler_alive_at_end']}"],
@@ -760,15 +1025,16 @@ def main(args: Any) -> int:
          f"{c['requests']:,} requests, {c['jobs_with_more_than_one_request']} jobs with >1 request"],
     ]
     print(common.table(["measure", "value", "note"], rows,
-                       f"Reconciler: {jobs:,} RayJobs (webhook + reconciler as processes on a local control plane)"))
+                       f"Reconciler: {jobs:,} RayJobs at once, admitted in their queue's turn (webhook + reconciler "
+                       "as processes on a local control plane)"))
     print()
     phases = flow["phase_seconds"]
     print(common.table(
         ["process", "phase 1 CPU s", "cores", "phase 2 CPU s", "cores"],
         [[name, c["phase1"], c["phase1"] / phases["phase1"], c["phase2"], c["phase2"] / phases["phase2"]]
          for name, c in sorted(flow["cpu_seconds_by_process"].items(), key=lambda kv: -sum(kv[1].values()))],
-        f"Where the CPU went (phase 1: creates until all Provisioning, {phases['phase1']:.0f} s; "
-        f"phase 2: status patches until all admitted, {phases['phase2']:.0f} s)",
+        f"Where the CPU went (phase 1: creates until every job is placed in its queue, {phases['phase1']:.0f} s; "
+        f"phase 2: requests provisioned as they appear until all admitted, {phases['phase2']:.0f} s)",
     ))
     print()
     print(common.table(
@@ -778,7 +1044,7 @@ def main(args: Any) -> int:
         "API writes counted by kube-apiserver (apiserver_request_total deltas)",
     ))
     print()
-    print(probe_table(flow["api_server_probe"], jobs))
+    print(probe_table(flow["api_server_probe"], flow))
     print()
     print(inside_table(flow))
     for phase, prof in flow["profiles"].items():

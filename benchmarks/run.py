@@ -67,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--reconciler-workers", type=int, default=None,
                    help="pass --workers N to `raygate reconciler` (default: its own default)")
     r.add_argument("--status-writers", type=int, default=8,
-                   help="threads setting Provisioned at once, each as fast as the API server answers (default "
-                        "%(default)s; cluster-autoscaler's own client sends at most 5 writes/s)")
+                   help="threads setting Provisioned on each request as a watch shows it, each as fast as the API "
+                        "server answers (default %(default)s; the queue keeps few requests out at once; "
+                        "cluster-autoscaler's own client sends at most 5 writes/s)")
     r.add_argument("--profile", action="store_true",
                    help="sample the reconciler with py-spy and print where its CPU went")
     r.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")

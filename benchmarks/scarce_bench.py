@@ -329,7 +329,10 @@ def summary_table(runs: Sequence[Mapping[str, Any]]) -> str:
     row("  GPU node-s at the group's max", lambda r: f"{r['gpu_node_seconds_at_group_max']:,.0f}")
     row(f"time {runs[0]['plan']['nodes_max']} jobs ran at once (the group's max)", lambda r: _s(r["all_nodes_busy_s"]))
     row("GPU nodes added / removed", lambda r: f"{r['gpu_nodes_added']} / {r['gpu_nodes_removed']}")
-    row("jobs that needed a second request", lambda r: str(r["jobs_with_more_than_one_request"]))
+    # Under raygate's queue a job asks again with a new request each time capacity frees while it waits (the front
+    # first), so a job may have many: that is the queue taking turns, not a retry.
+    row("jobs with more than one request (a retry, or asking again in a queue)",
+        lambda r: str(r["jobs_with_more_than_one_request"]))
     plan = runs[0]["plan"]
     lo, hi = plan["hold_s"]
     return common.table(["measure", *[_col(r) for r in runs]], rows,
@@ -381,9 +384,10 @@ def failures_text(runs: Sequence[Mapping[str, Any]]) -> str:
 
 QUOTA_NOTE = ("Kueue's ClusterQueue is StrictFIFO with GPU quota for what the node group holds at most (cpu and "
               "memory ample): Kueue's own queue decides which jobs ask the autoscaler, and at most that many ask at "
-              "once. raygate has no quota: every held job's request goes to the autoscaler at once, which picks "
-              "among them (the queue of issue 30 changes that: its settings go in raygate-config, "
-              "--scarce-raygate-config).")
+              "once. raygate has no quota: its queue (issue 30; raygate-config queues, --scarce-raygate-config) "
+              "decides, in order of priority then creation, BestEffortFIFO by default: the front asks, and the jobs "
+              "behind it try one at a time only once the ones ahead were answered \"not now\"; when capacity frees, "
+              "those behind withdraw their requests and the front asks again first.")
 DIFFERENCES = (*(d for d in e2e_bench.DIFFERENCES if not d.startswith("Kueue reserves quota")), QUOTA_NOTE)
 
 

@@ -16,10 +16,13 @@ defaults, one with maxGang 16 GPUs, one with small limits. Meanwhile, from one s
   SIGKILLed (its whole process group) and restarted a few seconds later with the same command line;
   any other process that exits on its own is restarted too, and reported.
 
-Then traffic and kills stop, the stack settles (nothing changes for QUIET_S), and the invariants are
-counted: every Ray object is Admitted, Failed with a reason, held with a reason on a request that is not
-Provisioned, or gone; no child of raygate (request, PodTemplate, PodGroup) outlives its owner, but for
-requests pods still consume; every GPU pod bound to a node consumes a Provisioned request. The RSS of
+Then traffic and kills stop, the stack settles (nothing changes for QUIET_S, but for held jobs asking again:
+under raygate's queue the job at its turn withdraws a request left unprovisioned and asks again with a new
+one every provisionedTimeoutSeconds, for as long as it waits), and the invariants are counted: every Ray
+object is Admitted, Failed with a reason, held with a reason (at its turn on a request that is not
+Provisioned, or waiting in its queue behind another job with no request out), or gone; no child of raygate
+(request, PodTemplate, PodGroup) outlives its owner, but for requests pods still consume; every GPU pod
+bound to a node consumes a Provisioned request. The RSS of
 raygate's processes, the autoscaler and the KubeRay operator is sampled throughout: flat means the end
 of a process's longest life is within RSS_GROWTH of its value after warm-up.
 """
@@ -60,7 +63,8 @@ if TYPE_CHECKING:
 NAMESPACES = ("soak-a", "soak-b", "soak-c")
 ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONFIG = {
-    # Short waits, so a job the node group cannot take fails within about 100 s and the end settles.
+    # Short waits: a request the node group cannot provision now is withdrawn and asked again every 30 s (a held
+    # job waits in its queue and never fails for that), a failed one is retried twice within seconds.
     "defaults": {"mode": "provisioning", "provisioning": {"className": ATOMIC, "provisionedTimeoutSeconds": 30},
                  "retry": {"limit": 2, "baseSeconds": 2, "maxSeconds": 4}},
     "namespaces": {"soak-b": {"maxGang": {"nvidia.com/gpu": "16"}},
@@ -603,36 +607,70 @@ class Snapshot:
         children = [(res.kind, o) for res in stack.group_resources for o in items(res, labelSelector=managed)]
         return cls(objects, children, items(PODS))
 
+    def held_requests(self) -> dict[tuple[str, str, str], str]:
+        """Each held object's current request (its annotation)."""
+        return {(o["kind"], meta_str(o, "namespace"), meta_str(o, "name")):
+                str(get(o, ("metadata", "annotations", keys.REQUEST_ANNOTATION)) or "")
+                for o in self.objects if get(o, ("metadata", "labels", keys.STATE_LABEL)) in keys.HELD_STATES}
+
     def fingerprint(self) -> tuple[Any, ...]:
+        """What must stay still for the stack to count as settled. A held object counts as held, its request left
+        out: under the queue the job at its turn asks again with a new request every provisionedTimeoutSeconds
+        while capacity stays short (Provisioning -> Pending -> Provisioning, a new name), for as long as it
+        waits. That it is still held is what must not change."""
+        held = self.held_requests()
         objects = sorted((o["kind"], meta_str(o, "namespace"), meta_str(o, "name"), meta_str(o, "uid"),
-                          str(get(o, ("metadata", "labels", keys.STATE_LABEL))),
-                          str(get(o, ("metadata", "annotations", keys.REQUEST_ANNOTATION))),
+                          "held" if (key := (o["kind"], meta_str(o, "namespace"), meta_str(o, "name"))) in held
+                          else str(get(o, ("metadata", "labels", keys.STATE_LABEL))),
+                          "" if key in held else str(get(o, ("metadata", "annotations", keys.REQUEST_ANNOTATION))),
                           str(get(o, ("spec", "suspend")))) for o in self.objects)
-        children = sorted((k, meta_str(o, "namespace"), meta_str(o, "name")) for k, o in self.children)
+        children = sorted((k, meta_str(o, "namespace"), meta_str(o, "name")) for k, o in self.children
+                          if not (k == keys.ChildKind.PROVISIONING_REQUEST and _owner(o) in held))
         pods = sorted((meta_str(p, "namespace"), meta_str(p, "name"), str(get(p, ("spec", "nodeName"))),
                        str(get(p, ("status", "phase")))) for p in self.pods)
         return tuple(objects), tuple(children), tuple(pods)
 
 
-def settle(stack: Stack) -> tuple[bool, float, Snapshot]:
-    """Wait until nothing changes (objects, their state and request, raygate's children, pods) for QUIET_S."""
+def _owner(child: JSON) -> tuple[str, str, str] | None:
+    ref = controller_ref(child)
+    return (str(ref.get("kind")), meta_str(child, "namespace"), str(ref.get("name"))) if ref is not None else None
+
+
+@dataclass
+class Settled:
+    quiet: bool
+    seconds: float
+    snapshot: Snapshot
+    asked_again: int  # held objects seen with a new request while settling (the queue's re-asks)
+    before: Snapshot | None = None  # the one before it (a few seconds earlier)
+
+
+def settle(stack: Stack) -> Settled:
+    """Wait until nothing changes (objects, their state and request, raygate's children, pods) for QUIET_S, but for
+    held objects asking again (Snapshot.fingerprint), which are counted."""
     t0 = time.monotonic()
     last: tuple[Any, ...] | None = None
     since = t0
     snap: Snapshot | None = None
     reported = t0
+    requests: dict[tuple[str, str, str], str] = {}
+    asked_again = 0
+    before: Snapshot | None = None
     while True:
         with contextlib.suppress(ApiError):
-            snap = Snapshot.take(stack)
+            before, snap = snap, Snapshot.take(stack)
+            now_held = snap.held_requests()
+            asked_again += sum(1 for k, r in now_held.items() if k in requests and r != requests[k])
+            requests = now_held
             if (fp := snap.fingerprint()) != last:
                 last, since = fp, time.monotonic()
         now = time.monotonic()
         if snap is not None and now - since >= QUIET_S:
-            return True, round(now - t0, 1), snap
+            return Settled(True, round(now - t0, 1), snap, asked_again, before)
         if now - t0 > SETTLE_TIMEOUT_S:
             if snap is None:
                 raise BenchError(f"the API server did not answer for {SETTLE_TIMEOUT_S:.0f}s after the soak")
-            return False, round(now - t0, 1), snap
+            return Settled(False, round(now - t0, 1), snap, asked_again, before)
         if now - reported > 30:
             print(f"bench: soak: settling, {now - t0:.0f}s (quiet for {now - since:.0f}s)", flush=True)
             reported = now
@@ -654,8 +692,28 @@ def _kuberay_child(obj: JSON) -> bool:
     return obj["kind"] == keys.RAYCLUSTER_KIND and ref is not None and ref.get("kind") == keys.RAYJOB_KIND
 
 
-def judge(snap: Snapshot, traffic: Traffic) -> dict[str, Any]:
-    """Each Ray object in one outcome; the violations of the invariants counted, with examples."""
+def queued_with_requests(snap: Snapshot) -> dict[tuple[str, str, str], tuple[str, list[str]]]:
+    """Each held object waiting in its queue (its reason says so) that owns requests: (its resourceVersion, their
+    names)."""
+    owned: dict[tuple[str, str, str], list[str]] = {}
+    for kind, child in snap.children:
+        if kind == keys.ChildKind.PROVISIONING_REQUEST and (owner := _owner(child)) is not None:
+            owned.setdefault(owner, []).append(meta_str(child, "name"))
+    out = {}
+    for o in snap.objects:
+        key = (o["kind"], meta_str(o, "namespace"), meta_str(o, "name"))
+        reason = str(get(o, ("metadata", "annotations", keys.REASON_ANNOTATION)) or "")
+        if get(o, ("metadata", "labels", keys.STATE_LABEL)) in keys.HELD_STATES and \
+                reason.startswith("waiting in queue ") and key in owned:
+            out[key] = (meta_str(o, "resourceVersion"), sorted(owned[key]))
+    return out
+
+
+def judge(snap: Snapshot, traffic: Traffic, before: Snapshot | None = None) -> dict[str, Any]:
+    """Each Ray object in one outcome; the violations of the invariants counted, with examples. `before`: a
+    snapshot a few seconds earlier; a job waiting in its queue with a request out is a violation only when it was
+    so, unchanged, in both (a snapshot lists the objects, then their children: a job whose turn comes in between
+    shows a request it just made)."""
     counts: Counter[str] = Counter()
     violations: Counter[str] = Counter()
     examples: list[str] = []
@@ -667,6 +725,8 @@ def judge(snap: Snapshot, traffic: Traffic) -> dict[str, Any]:
 
     requests = {(meta_str(o, "namespace"), meta_str(o, "name")): o for k, o in snap.children
                 if k == keys.ChildKind.PROVISIONING_REQUEST}
+    queued_now = queued_with_requests(snap)
+    queued_before = queued_with_requests(before) if before is not None else queued_now
     present = set()
     for obj in snap.objects:
         ref = f"{obj['kind']} {meta_str(obj, 'namespace')}/{meta_str(obj, 'name')}"
@@ -689,10 +749,18 @@ def judge(snap: Snapshot, traffic: Traffic) -> dict[str, Any]:
             else:
                 violation("Failed without a reason", ref)
         elif state in keys.HELD_STATES:
+            key = (obj["kind"], meta_str(obj, "namespace"), meta_str(obj, "name"))
             if not reason:
                 violation("held without a reason", f"{ref} ({state})")
             elif _provisioned(request):
                 violation("held on a Provisioned request", f"{ref} ({state}): {reason}")
+            elif reason.startswith("waiting in queue "):
+                # Not its turn: the queue's promise is that it has no request out.
+                if key in queued_now and queued_before.get(key, ("", []))[0] == queued_now[key][0]:
+                    violation("waiting in its queue with a request out",
+                              f"{ref} ({state}): {reason}; {queued_now[key][1]}")
+                else:
+                    outcome = "held, waiting in its queue behind another job"
             else:
                 outcome = "held, waiting for capacity the node group cannot give"
         else:
@@ -709,7 +777,8 @@ def judge(snap: Snapshot, traffic: Traffic) -> dict[str, Any]:
 
 
 VIOLATIONS = ("Failed without a reason", "held without a reason", "held on a Provisioned request",
-              "no raygate state", "orphaned children", "GPU pods bound without a booking")
+              "waiting in its queue with a request out", "no raygate state", "orphaned children",
+              "GPU pods bound without a booking")
 
 
 def _children_and_pods(snap: Snapshot, requests: dict[tuple[str, str], JSON], counts: Counter[str],
@@ -797,10 +866,10 @@ def run_soak(minutes: float, seed: int) -> dict[str, Any]:
             raise BenchError("; ".join(errors))
         traffic_s = time.monotonic() - t0
         chaos.revive_dead()
-        quiescent, settle_s, snap = settle(stack)
+        settled = settle(stack)
         stop_sampling.set()
         sampling.join(10)
-        final = judge(snap, traffic)
+        final = judge(settled.snapshot, traffic, settled.before)
     return {
         "minutes": minutes, "seed": seed, "traffic_seconds": round(traffic_s), "config": CONFIG,
         "traffic": [{"action": a, "result": r, "count": n, **({"first_message": traffic.messages[(a, r)]}
@@ -811,7 +880,8 @@ def run_soak(minutes: float, seed: int) -> dict[str, Any]:
         "kills": dict(chaos.kills), "back_after_kill_s": {k: common.summary(v) for k, v in chaos.back_after_s.items()},
         "unexpected_exits": chaos.unexpected_exits,
         "fuzz": {"counts": dict(sorted(fuzz_tally.items())), "examples": fuzz_examples[:20]},
-        "settled": quiescent, "settle_seconds": settle_s, "final": final,
+        "settled": settled.quiet, "settle_seconds": settled.seconds, "final": final,
+        "held_asked_again_while_settling": settled.asked_again,
         "rss": {name: rss_figures(s) for name, s in sampler.samples.items()},
     }
 
@@ -849,8 +919,9 @@ def print_report(r: dict[str, Any]) -> None:
                        "Fuzzed AdmissionReviews sent to the webhook"))
     print()
     final = r["final"]
-    settled = f"settled in {r['settle_seconds']:.0f}s" if r["settled"] else \
-        f"NOT settled after {r['settle_seconds']:.0f}s"
+    settled = (f"settled in {r['settle_seconds']:.0f}s" if r["settled"] else
+               f"NOT settled after {r['settle_seconds']:.0f}s") + \
+        f"; held jobs asked again {r['held_asked_again_while_settling']} times meanwhile"
     rows = [[k, v] for k, v in sorted(final["counts"].items())] + [[f"VIOLATION: {k}", v]
                                                                    for k, v in final["violations"].items()]
     print(common.table(["outcome", "count"], rows, f"At the end ({settled})"))

@@ -91,3 +91,14 @@ def test_the_model_of_the_api_servers_wall() -> None:
     assert m["admissions_per_s"] == pytest.approx(100)  # 2 cores / 20 ms
     assert m["raygate_patches_in_flight"] == pytest.approx(64)  # the server shares its cores 8 : 64
     assert m["delay_s"] == pytest.approx(0.72)  # (8 + 64) in flight at 100/s
+
+
+def test_every_request_goes_to_the_autoscaler_and_a_job_is_taken_in_by_its_request_or_its_place_in_the_queue() -> None:
+    offered: list[tuple[str, str]] = []
+    t = Tracker({"job-1", "job-2"}, offer=lambda job, obj, seen: offered.append((job, obj["metadata"]["name"])))
+    t.on_request("ADDED", owned("r1", "RayJob", "job-1"))
+    t.on_request("ADDED", owned("r2", "RayJob", "job-1"))  # made again after a withdrawal: patched too
+    assert offered == [("job-1", "r1"), ("job-1", "r2")] and t.request_of == {"job-1": "r1"}
+    queued = {"name": "job-2", "annotations": {"raygate.io/reason": "waiting in queue default behind RayJob ns/job-1"}}
+    t.on_job("MODIFIED", {"metadata": queued, "spec": {"suspend": True}})
+    assert set(t.taken_in) == {"job-1", "job-2"} and set(t.request_seen) == {"job-1"} and not t.unsuspended
