@@ -534,8 +534,12 @@ def test_kuberay_pods_carry_the_consume_annotations(env: Env) -> None:
     pr = wait_request(env, ns, "with-pods", 1)
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
     wait_state(env, ns, "with-pods", "Admitted")
-    pods = wait_pods(env, ns, "with-pods", 3)
-    gpu_pods = [p for p in pods if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
+
+    def released_gpu_pods() -> list[JSON] | None:
+        """The GPU pods once raygate lifted their gate: it writes the booking they consume then."""
+        gpu = [p for p in wait_pods(env, ns, "with-pods", 3) if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
+        return gpu if gpu and not any(pod_gated(p) for p in gpu) else None
+    gpu_pods = wait(released_gpu_pods, 60, "the GPU pods released", interval=0.5)
     assert len(gpu_pods) == 2
     for pod in gpu_pods:
         assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
