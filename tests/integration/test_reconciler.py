@@ -508,7 +508,12 @@ def test_volcano_pod_group_held_while_queue_closed_then_pods_carry_metadata(env:
     for pod in pods:
         assert pod["spec"]["schedulerName"] == "volcano"
         assert pod["metadata"]["annotations"][keys.VOLCANO_GROUP_NAME_ANNOTATION] == "ray-gang-pg"
-    workers = [p for p in pods if p["metadata"]["annotations"].get(keys.VOLCANO_TASK_SPEC_ANNOTATION) == "gpu"]
+    def released_workers() -> list[JSON] | None:
+        """The GPU workers once raygate lifted their gate: it writes the booking they consume then."""
+        found = [p for p in wait_pods(env, ns, "gang", 3)
+                 if p["metadata"]["annotations"].get(keys.VOLCANO_TASK_SPEC_ANNOTATION) == "gpu"]
+        return found if found and not any(pod_gated(p) for p in found) else None
+    workers = wait(released_workers, 60, "the GPU workers released", interval=0.5)
     assert len(workers) == 2
     for pod in workers:
         assert pod["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
