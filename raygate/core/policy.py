@@ -79,7 +79,8 @@ class ProvisioningPolicy(_Strict):
     )
     provisioned_timeout_seconds: float = Field(
         1800.0, gt=0, description="A request still not Provisioned this long after the cluster-autoscaler first "
-        "answered it not Provisioned is retried; one it has not answered yet (queued behind others) waits."
+        "answered it not Provisioned is withdrawn and the job asks again with a new one (in its queue: it is never "
+        "failed for waiting); one the autoscaler has not answered yet waits."
     )
     capacity_revoked: CapacityRevokedAction = Field(
         CapacityRevokedAction.REPORT, description="What to do when CapacityRevoked turns True after admission."
@@ -183,8 +184,8 @@ class NamespacePolicy(_Strict):
         "Kueue's or Volcano's queue (that is queueName).",
     )
     default_priority_class_name: str | None = Field(
-        None, description="PriorityClass of a job that names none (label ray.io/priority-class-name, or its head "
-        "pod's priorityClassName): its place in the queue. Unset: the cluster's global default, else 0.",
+        None, description="PriorityClass of a job that names none (label ray.io/priority-class-name, or a pod "
+        "template's priorityClassName, the head's first): its place in the queue. Unset: the cluster's global default, else 0.",
     )
     fix_shutdown_after_job_finishes: bool = Field(
         False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
