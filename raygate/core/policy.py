@@ -185,7 +185,8 @@ class NamespacePolicy(_Strict):
     )
     default_priority_class_name: str | None = Field(
         None, description="PriorityClass of a job that names none (label ray.io/priority-class-name, or a pod "
-        "template's priorityClassName, the head's first): its place in the queue. Unset: the cluster's global default, else 0.",
+        "template's priorityClassName, the head's first): its place in the queue. Unset: the cluster's global "
+        "default, else 0.",
     )
     fix_shutdown_after_job_finishes: bool = Field(
         False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
