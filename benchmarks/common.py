@@ -526,3 +526,23 @@ class RequestOwners:
 
         return next((str(ref["name"]) for ref in obj["metadata"].get("ownerReferences") or []
                      if ref.get("kind") == keys.RAYJOB_KIND and ref.get("name") in self.names), None)
+
+
+def wait_admitting(kube: Any, namespace: str, obj: Mapping[str, Any], timeout: float = 60.0) -> float:
+    """Until the API server gets an answer from raygate's webhook for a create in `namespace`: a server-side dry
+    run (it calls every admission webhook and stores nothing), repeated while the API server reports that it failed
+    calling a webhook. A webhook just started answers /readyz before the API server's first calls to it go through
+    every time: seen here as a burst's first creates failing on the 5 s the API server gives a webhook, the
+    webhook's log empty. Returns the seconds it took, which the benchmark prints."""
+    from raygate.core.api import RAYJOBS
+    from raygate.kube.client import ApiError
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            kube.request("POST", RAYJOBS.path(namespace), body=dict(obj), query={"dryRun": "All"})
+            return time.monotonic() - t0
+        except ApiError as err:
+            if err.status != 500 or "failed calling webhook" not in err.message or time.monotonic() - t0 > timeout:
+                raise
+            time.sleep(0.5)
