@@ -45,7 +45,8 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
         provisioned.reason else None
     parked = keys.NEVER_FITS_ANNOTATION in w.annotations
     return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
-                   w.uid, answered or None, shape, parked, preempted_by(w)[0])
+                   w.uid, answered or None, shape, parked, preempted_by(w)[0],
+                   provisioned.last_transition if provisioned is not None and provisioned.true else None)
 
 
 def preempted_by(w: Workload) -> tuple[Key | None, str]:

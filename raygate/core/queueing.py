@@ -13,6 +13,9 @@ objects), and only the jobs whose turn it is have a request outstanding.
   fit either), and at most `lookahead` jobs behind the head ask at once. When capacity frees, the jobs
   behind the head withdraw their unanswered requests and the head asks again first.
 
+Under both, a job whose request is Provisioned holds its capacity and is out of the way: the job behind it
+asks while the first is admitted.
+
 Pure: jobs in, turns out. Positions are computed when asked, never written per job.
 """
 
@@ -42,6 +45,7 @@ class Waiting:
     shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
     parked: bool = False  # no node group can hold it: it keeps its request, out of the way of the jobs behind
     yields_to: Key | None = None  # preempted to make room for this job: it does not ask while that one waits
+    provisioned: str | None = None  # when its request was Provisioned: it holds its capacity, about to be admitted
 
     @property
     def order(self) -> tuple[int, str, str]:
@@ -50,6 +54,12 @@ class Waiting:
     @property
     def name(self) -> str:
         return str(self.key)
+
+    @property
+    def aside(self) -> bool:
+        """Its request stays out whatever its place, out of the way of the jobs behind: it never fits, or it is
+        Provisioned."""
+        return self.parked or self.provisioned is not None
 
     def not_now(self, freed: str) -> bool:
         """Answered "not now" since capacity last freed (an older answer is out of date: it asks again)."""
@@ -87,12 +97,12 @@ SCAN = 1000
 def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[Key]:
     """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
     waits, behind the job right ahead of it."""
-    parked = [j.key for j in queue if j.parked]
     held = {j.key for j in queue}
+    out = [j.key for j in queue if j.aside]
     # A job preempted for another does not take the room it gave while that one still waits.
-    queue = [j for j in queue if not j.parked and (j.yields_to is None or j.yields_to not in held)]
+    queue = [j for j in queue if not j.aside and (j.yields_to is None or j.yields_to not in held)]
     if not queue:
-        return parked
+        return out
     asking = [queue[0]]
     if strategy is Strategy.BEST_EFFORT_FIFO:
         for job in queue[1:SCAN]:
@@ -101,7 +111,7 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
                 break
             if not any(covers(job.shape, a.shape) for a in asking):  # else it could not fit either
                 asking.append(job)
-    return [*parked, *(j.key for j in asking)]
+    return [*out, *(j.key for j in asking)]
 
 
 def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[Key, Turn]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key
 from raygate.core.queueing import Waiting
@@ -60,3 +62,14 @@ def test_queues_are_separate() -> None:
     q.put("a100", STRICT, job("a", 1))
     q.put("h100", STRICT, job("b", 2))
     assert q.turn(("RayJob", "ns", "b")).front and q.lengths() == {"a100": 1, "h100": 1}  # type: ignore[union-attr]
+
+
+
+def test_a_provisioned_job_is_out_of_the_way_and_the_next_asks_while_it_is_admitted() -> None:
+    q, seen = index()
+    for i in range(1, 4):
+        q.put("default", STRICT, job(f"q{i}", i))
+    seen.clear()
+    q.put("default", STRICT, replace(job("q1", 1), provisioned="2030-01-01T00:01:00Z"))  # capacity found for q1
+    assert "q2" in seen and q.turn(Key("RayJob", "ns", "q2")).may_ask  # type: ignore[union-attr]
+    assert not q.turn(Key("RayJob", "ns", "q3")).may_ask  # type: ignore[union-attr]
