@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from raygate.core import booking, dra, identity, keys, limits, podgate
+from raygate.core import booking, dra, identity, keys, limits, podgate, queueing
 from raygate.core.modes import NO_MEMBERS, Members, ObjectRules, for_object
 from raygate.core.objects import get
 from raygate.core.patch import PatchBuilder, PatchOp
@@ -214,6 +214,8 @@ def _admit(w: Workload, namespace: str, rules: ObjectRules, config: RaygateConfi
             problems += booking.refusals(policy, gang)
         problems += rules.mode_rules.refusals(w, policy, gang)
         problems += limits.problems(namespace, policy, gang, books=rules.books)
+        if (priority := queueing.priority_problem(namespace, policy, w)) is not None:
+            problems.append(priority)
     except ManifestError as err:
         return refuse(f"raygate cannot read this {w.kind}: {err}", mode=rules.mode)
     if problems:
@@ -287,7 +289,11 @@ def _validate(review: Review) -> Decision:
 
 def _over_limits(old: Workload, new: Workload, namespace: str, rules: ObjectRules) -> Decision | None:
     """An update that takes the object over a limit, in any state and any mode, is refused with the numbers
-    (one that stays over a limit it was already over without growing is left to the other checks)."""
+    (one that stays over a limit it was already over without growing is left to the other checks); so is one
+    that names another PriorityClass the namespace does not allow."""
+    priority = queueing.priority_problem(namespace, rules.policy, new)
+    if priority is not None and queueing.priority_class_names(new) != queueing.priority_class_names(old):
+        return refuse(f"raygate refused this change of {new.kind} {new.name}: {priority}", code=403)
     if new.uses_cluster_selector:
         return None
     gang = new.gang()

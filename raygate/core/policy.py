@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from raygate.core import keys, quantity
@@ -188,6 +188,12 @@ class NamespacePolicy(_Strict):
         "template's priorityClassName, the head's first): its place in the queue. Unset: the cluster's global "
         "default, else 0.",
     )
+    allowed_priority_class_names: list[str] | None = Field(
+        None, description="The PriorityClasses a Ray object here may name (label ray.io/priority-class-name, pod "
+        "templates' priorityClassName); another is refused. A job's priority is its place in its queue, and "
+        "with preemption it suspends lower ones: list the classes each team may use. Unset: any, as Kubernetes "
+        "allows by itself.",
+    )
     fix_shutdown_after_job_finishes: bool = Field(
         False, description="Set shutdownAfterJobFinishes: true on RayJobs instead of refusing them (with a warning)."
     )
@@ -200,6 +206,14 @@ class NamespacePolicy(_Strict):
                 raise ValueError(f"{name!r} is not a resource name, or a prefix of one ending in a single *: "
                                  "write e.g. nvidia.com/gpu or nvidia.com/mig-*")
         return v
+
+    @model_validator(mode="after")
+    def _default_is_allowed(self) -> NamespacePolicy:
+        allowed, default = self.allowed_priority_class_names, self.default_priority_class_name
+        if allowed is not None and default is not None and default not in allowed:
+            raise ValueError(f"defaultPriorityClassName {default!r} is not in allowedPriorityClassNames {allowed}: "
+                             "add it there, or name one of those")
+        return self
 
     @field_validator("max_gang")
     @classmethod

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from raygate.core import keys, podgate
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key, get
+from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Gang, Manages, Workload
 
 Shape = Mapping[tuple[str, str], int]  # (placement digest, managed request per pod) -> pods
@@ -147,6 +148,26 @@ def priority_class_name(w: Workload, default: str | None) -> str | None:
         if isinstance(found, str) and found:
             return found
     return default
+
+
+def priority_class_names(w: Workload) -> set[str]:
+    """Every PriorityClass the object names: its label, and each pod template's priorityClassName."""
+    named = {w.labels.get(keys.RAY_PRIORITY_CLASS_LABEL)}
+    named |= {get(w.obj, (*path, "spec", "priorityClassName")) for _, path in w.template_paths()}
+    return {n for n in named if isinstance(n, str) and n}
+
+
+def priority_problem(namespace: str, policy: NamespacePolicy, w: Workload) -> str | None:
+    """A PriorityClass the namespace does not allow (allowedPriorityClassNames): a user's own pick of priority
+    would put the job ahead of everyone's in the queue, and suspend theirs where the queue preempts."""
+    allowed = policy.allowed_priority_class_names
+    if allowed is None:
+        return None
+    if not (bad := sorted(priority_class_names(w) - set(allowed))):
+        return None
+    return (f"it names PriorityClass {', '.join(bad)}, but namespace {namespace} allows "
+            f"{'only ' + ', '.join(allowed) if allowed else 'none'} (allowedPriorityClassNames in raygate-config): "
+            f"name one of those in label {keys.RAY_PRIORITY_CLASS_LABEL} and priorityClassName, or none")
 
 
 def priority(name: str | None, classes: PriorityClasses, global_default: int = 0) -> int:

@@ -62,6 +62,7 @@ OPERATOR = "system:serviceaccount:ray-system:kuberay-operator"
 GPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1", "nvidia.com/gpu": "1"}}
 CPU = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
 PROVISIONED = {"Accepted": "True", "Provisioned": "True"}
+STANDARD = "standard"  # the one PriorityClass the main namespace allows
 
 
 def config(switched: bool = False) -> dict[str, Any]:
@@ -69,6 +70,7 @@ def config(switched: bool = False) -> dict[str, Any]:
     return {
         "defaults": {"mode": "provisioning", "retry": {"limit": 2, "baseSeconds": 1, "maxSeconds": 2}},
         "namespaces": {
+            NS["main"]: {"allowedPriorityClassNames": [STANDARD]},
             NS["failed"]: {"retry": {"limit": 0}},
             NS["switch"]: {"mode": "kueue", "queueName": "q"} if switched else {},
             NS["vswitch"]: {} if switched else {"mode": "volcano", "queueName": QUEUE},
@@ -735,6 +737,18 @@ def test_a_rayjob_on_an_existing_cluster_with_a_gpu_submitter_is_refused_at_crea
         {"name": "submit", "image": "ray", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
     env.refused("create", "-n", NS["main"], "-f", "-", input_obj=obj, says="remove the GPUs from "
                 "spec.submitterPodTemplate")
+
+
+def test_a_user_cannot_pick_a_priority_class_the_namespace_does_not_allow(env: Env) -> None:
+    """A priority is a place in the queue, and where the queue preempts, the jobs it may suspend."""
+    ns = NS["main"]
+    for user in (USER, POD_EDITOR):
+        jumper = raycluster("jumper", labels={keys.RAY_PRIORITY_CLASS_LABEL: "urgent"})
+        env.refused("create", "-n", ns, "-f", "-", input_obj=jumper, user=user,
+                    says=f"names PriorityClass urgent, but namespace {ns} allows only {STANDARD}")
+    env.create(ns, raycluster("standard", labels={keys.RAY_PRIORITY_CLASS_LABEL: STANDARD}))
+    env.refused("label", "raycluster", "standard", "-n", ns, f"{keys.RAY_PRIORITY_CLASS_LABEL}=urgent",
+                "--overwrite", says="allowedPriorityClassNames")
 
 
 # --- held and failed objects ----------------------------------------------------------------------

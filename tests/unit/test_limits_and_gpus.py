@@ -206,3 +206,29 @@ def test_claims_added_after_admission_are_growth_where_pods_are_not_gated() -> N
         {"name": "g", "resourceClaimTemplateName": "two-gpus"}]
     d = validate(request(new, operation="UPDATE", old=old), OPTED_IN, config(mode="volcano"), lookup)
     assert not d.allowed and d.message is not None and "add pod set gpu" in d.message
+
+
+# --- PriorityClasses a namespace allows -----------------------------------------------------------
+
+def test_a_priority_class_the_namespace_does_not_allow_is_refused_at_create_and_on_update() -> None:
+    """A user's own pick of priority would put the job ahead of everyone's, and preempt theirs."""
+    allowed = {"allowedPriorityClassNames": ["batch"], "defaultPriorityClassName": "batch"}
+    urgent = gpu_job().label(keys.RAY_PRIORITY_CLASS_LABEL, "urgent").obj()
+    d = create(urgent, **allowed)
+    assert not d.allowed and d.message is not None
+    assert "PriorityClass urgent" in d.message and "allowedPriorityClassNames" in d.message
+    in_template = gpu_job().set(*WORKER0, "template", "spec", "priorityClassName", value="urgent").obj()
+    assert not create(in_template, **allowed).allowed  # a pod template's priorityClassName too
+    assert create(gpu_job().obj(), **allowed).allowed  # none named: the namespace default
+    assert create(urgent).allowed  # no list: any, as Kubernetes allows by itself
+
+    old = held(gpu_job().obj(), **allowed)
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"][keys.RAY_PRIORITY_CLASS_LABEL] = "urgent"
+    d = update(old, new, **allowed)
+    assert not d.allowed and d.code == 403 and d.message is not None and "PriorityClass urgent" in d.message
+
+
+def test_the_default_priority_class_must_be_one_the_namespace_allows() -> None:
+    with pytest.raises(ConfigError, match="defaultPriorityClassName 'batch' is not in allowedPriorityClassNames"):
+        parse_config("defaults:\n  allowedPriorityClassNames: [gold]\n  defaultPriorityClassName: batch\n")
