@@ -4,6 +4,7 @@ raygate's state off a RayJob or RayCluster, wait for one."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from waiting import wait
@@ -13,6 +14,14 @@ from raygate.core.api import RAYCLUSTERS, RAYJOBS
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.kube.client import Kube
+
+
+def delete_ray_objects(cluster: ControlPlane, namespaces: Iterable[str]) -> None:
+    """Every RayJob and RayCluster of `namespaces`, gone (their children with them) before this returns. Between
+    tests sharing a queue: a held job one test leaves behind would hold the front for the next test's jobs."""
+    for ns in namespaces:
+        cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
+                        check=False)
 
 
 @dataclass

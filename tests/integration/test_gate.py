@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 from builders import RayCluster, RayJob, worker_group
+from raystack import delete_ray_objects
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -177,9 +178,7 @@ def env(cluster: ControlPlane) -> Iterator[Env]:
     finally:
         # Jobs go first, while this module's reconciler still runs to free their bookings: a later
         # module's reconciler must not find them (and its write counts with them).
-        for ns in NS.values():
-            cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
-                            check=False)
+        delete_ray_objects(cluster, NS.values())
         cluster.stop_process("gate-reconciler")
         stop_webhook(cluster, "gate-webhook")
         cluster.kubectl("delete", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE, "--ignore-not-found")
@@ -194,9 +193,7 @@ def empty_queue(env: Env) -> Iterator[None]:
     answered, and this module plays the autoscaler only for the jobs it admits: a job one test leaves held would
     hold the front for the next test's jobs."""
     yield
-    for ns in NS.values():
-        env.cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
-                            check=False)
+    delete_ray_objects(env.cluster, NS.values())
 
 
 # --- objects ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from builders import RayJob, worker_group
+from raystack import delete_ray_objects
 from waiting import consistently, wait
 
 from raygate.core import keys
@@ -169,9 +170,7 @@ def empty_queue(env: Env) -> Iterator[None]:
     answered, and this module answers only the requests it scripts: a job one test leaves held would hold the
     front for the next test's jobs in that namespace."""
     yield
-    for ns in NS.values():
-        env.cluster.kubectl("delete", "rayjobs,rayclusters", "--all", "-n", ns, "--wait=true", "--timeout=90s",
-                            check=False)
+    delete_ray_objects(env.cluster, NS.values())
 
 
 def set_queue_state(kube: Kube, state: str) -> None:
