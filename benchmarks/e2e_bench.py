@@ -11,7 +11,7 @@ one side on a fresh stack; the sides take turns, round after round.
 Per job, from the benchmark's own watches (the same for both sides): create returned -> the
 ProvisioningRequest that got it admitted exists -> Accepted -> Provisioned -> unsuspended -> its Ray pods
 (head and 2 GPU workers) exist -> none gated -> all bound -> all Running. raygate's held jobs wait in its
-queue and ask in turn (with room for everyone, the job behind the front once the front is admitted), so its
+queue and ask in turn (with room for everyone, the job behind the front once the front is Provisioned), so its
 create -> request includes each job's wait for its turn; a job whose turn passed before the autoscaler
 answered (one that sorts ahead of it arrived) withdraws its request and asks again later, which is counted
 apart from a request replaced after an answer. Per run: first create -> last Running,
@@ -709,7 +709,7 @@ DIFFERENCES = (
     "always passes (raygate has no quota).",
     "raygate's held jobs wait in its queue (priority, then creation, then uid; BestEffortFIFO): only the front has "
     "a request out, and the jobs behind it ask one at a time only once the ones ahead were answered \"not now\"; "
-    "with room for everyone, the job behind asks once the front is admitted. So raygate asks the autoscaler for one "
+    "with room for everyone, the job behind asks once the front is Provisioned. So raygate asks the autoscaler for one "
     "job at a time, and its create -> request includes each job's wait for its turn. Kueue's ClusterQueue (ample "
     "quota) admits every Workload at once and asks for all.",
     "Retries: raygate's defaults (a request Failed is retried, 3 times from 10 s; a request still not Provisioned "

@@ -11,7 +11,7 @@ turns round after round, so a machine that gets busier or quieter shifts both al
 2. Play cluster-autoscaler, identically for both: a watch on ProvisioningRequests feeds 8 client threads
    that set Accepted and Provisioned on each request (one status patch) as soon as it appears, either
    paced (5 patches/s) or as fast as the API server answers, until every job is unsuspended. Under
-   raygate's queue each job asks once the one ahead is admitted, so its requests appear one at a time.
+   raygate's queue each job asks once the one ahead is Provisioned, so its requests appear one at a time.
    Per job: create -> its request exists (for raygate, its wait for its turn included), Provisioned ->
    unsuspended (from the moment its patch was sent to the moment a watch on RayJobs shows
    `spec.suspend` no longer true), and create -> unsuspended.

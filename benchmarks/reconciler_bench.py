@@ -846,7 +846,7 @@ def probe_table(probe: dict[str, Any], flow: JSON) -> str:
             f"admissions/s; a pool of {jobs:,} requests provisioned at once would need {jobs / ceiling:.1f} s at the "
             f"least.\nThe queue kept at most {_n(flow['most_requests_out_at_once'], 'request')} out at once: "
             f"{flow['jobs_unsuspended']:,} jobs were admitted one after another in {drain:.1f} s ({rate:.0f}/s, "
-            f"{100 * rate / ceiling:.0f} % of that ceiling); each job asks only once the one ahead is admitted, so "
+            f"{100 * rate / ceiling:.0f} % of that ceiling); each job asks only once the one ahead is Provisioned, so "
             "the latency of a turn, not the API server's CPU, sets the pace.")
     return text
 
