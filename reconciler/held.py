@@ -524,12 +524,20 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     at, _, jobs = str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or "").partition(" ")
     since = parse_time(at)
     freed = parse_time(obs.freed)
-    # It waits for its victims' pods to go; not for longer than provisionedTimeoutSeconds (a victim that was no
-    # longer running frees nothing), after which it may preempt again.
-    if since is not None and not (freed and freed > since) and \
-            (now - since).total_seconds() < rules.policy.provisioning.provisioned_timeout_seconds:
-        hold(w, f"{_where(obs)}it preempted {jobs.replace(',', ', ')} at {at} to make room; it asks the "
-             "cluster-autoscaler again when their pods are gone", "Preempting", plan, at)
+    # It waits for its victims' pods to go, then for the autoscaler to see the room they left (its first answers
+    # after that may still be "not now": its view of the nodes lags a loop or more); each wait is at most
+    # provisionedTimeoutSeconds (a victim that was no longer running frees nothing), after which it may preempt
+    # again. Preempting again on the first "not now" after the pods went would suspend a second job for room the
+    # first one already gave.
+    gone = freed is not None and since is not None and freed > since
+    start = freed if gone else since
+    timeout = rules.policy.provisioning.provisioned_timeout_seconds
+    if since is not None and start is not None and (left := timeout - (now - start).total_seconds()) > 0:
+        victims = jobs.replace(",", ", ")
+        hold(w, f"{_where(obs)}it preempted {victims} at {at} to make room; " + (
+            "their pods are gone, and it waits for the cluster-autoscaler to see the room" if gone else
+            "it asks the cluster-autoscaler again when their pods are gone"), "Preempting", plan, at)
+        plan.requeue(left)
         plan.outcome = Outcome.WAITING
         return plan
     try:

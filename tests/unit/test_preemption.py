@@ -129,3 +129,23 @@ def test_a_front_whose_victims_freed_nothing_may_preempt_again_after_provisioned
     later = NOW + dt.timedelta(seconds=301)  # provisionedTimeoutSeconds is 300 here
     plan = decide(after, preempting(other), policy(), later)
     assert plan.outcome is Outcome.PREEMPTING and "preempt RayJob ns/other" in kinds(plan)
+
+
+def test_once_its_victims_pods_are_gone_the_front_gives_the_autoscaler_time_to_see_the_room() -> None:
+    """The autoscaler's first answers after the pods went may still be "not now" (its view lags a loop or more):
+    preempting again on them would suspend a second job for room the first already gave."""
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
+    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    freed = NOW + dt.timedelta(seconds=10)  # low's pods gone; the front asked again and was answered not now
+    stale = Observed(turn=FRONT, queue="default", freed=freed.strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+                     requests=(not_now(after, freed + dt.timedelta(seconds=5)),), templates=templates(w),
+                     preempt=Preempting(0, 100, (other,)))
+    waits = decide(after, stale, policy(), freed + dt.timedelta(seconds=20))
+    assert waits.outcome is Outcome.WAITING and not any(isinstance(a, Preempt) for a in waits.actions)
+    assert "their pods are gone, and it waits for the cluster-autoscaler to see the room" in reason(waits, after)
+    # Still not Provisioned provisionedTimeoutSeconds (300 here) after the room was freed: it preempts again.
+    plan = decide(after, stale, policy(), freed + dt.timedelta(seconds=301))
+    assert plan.outcome is Outcome.PREEMPTING and "preempt RayJob ns/other" in kinds(plan)
