@@ -531,9 +531,10 @@ class RequestOwners:
 def wait_admitting(kube: Any, namespace: str, obj: Mapping[str, Any], timeout: float = 60.0) -> float:
     """Until the API server gets an answer from raygate's webhook for a create in `namespace`: a server-side dry
     run (it calls every admission webhook and stores nothing), repeated while the API server reports that it failed
-    calling a webhook. A webhook just started answers /readyz before the API server's first calls to it go through
-    every time: seen here as a burst's first creates failing on the 5 s the API server gives a webhook, the
-    webhook's log empty. Returns the seconds it took, which the benchmark prints."""
+    calling a webhook, so that a burst starts against a webhook the API server reaches. (A burst's creates once
+    failed on the 5 s the API server gives a webhook, the webhook's log empty: not a cold start, as first
+    thought, but connections kept idle after their TLS handshake holding every thread; webhook/worker.py.)
+    Returns the seconds it took, which the benchmark prints."""
     from raygate.core.api import RAYJOBS
     from raygate.kube.client import ApiError
 

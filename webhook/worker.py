@@ -10,6 +10,14 @@ Here the thread that answered waits a short while (`LINGER_SECONDS`) for the nex
 same connection and serves it directly. It only waits while another pool thread is idle, so a new
 connection or another readable one is never kept waiting behind a lingering thread; when every
 thread is busy, or nothing arrives in time, the connection goes back to the poller as before.
+A new connection whose client sends nothing after the TLS handshake goes to the poller too. gthread
+waits for a new connection's first bytes (the TLS ClientHello), shakes hands, then blocks its thread
+reading the first request. The API server's HTTP client (Go's) dials a new connection when every one
+is busy, and when another frees up first it serves the request there and keeps the new one idle for
+later, handshake done, no request sent: each such connection held one of the worker's threads until
+the client used or closed it, and with 4 threads a burst of creates left none to answer (the API
+server gave up on its 5 s webhook timeout, the webhook's log empty).
+
 Everything else (TLS, HTTP parsing, keep-alive timeouts, graceful stop) is gthread's own.
 
 This leans on gthread internals, read in gunicorn's source: from 24.1 `ThreadWorker.handle()` runs
@@ -27,7 +35,7 @@ import threading
 from typing import Any
 
 import gunicorn
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.workers.gthread import _DEFER, DEFAULT_WORKER_DATA_TIMEOUT, ThreadWorker
 
 # Covers the client's turn-around on a loaded 2-core node; short enough that a stop or a burst of
 # new connections never notices it.
@@ -64,6 +72,12 @@ class KeepAliveThreadWorker(ThreadWorker):  # type: ignore[misc]
         with self._handling_lock:
             self._handling += 1
         try:
+            if not conn.initialized:
+                ready = self._first_request_ready(conn)
+                if ready is None:
+                    return False  # the handshake failed: closed, as gthread does
+                if not ready:
+                    return _DEFER  # on the poller until the client sends its first request
             while True:
                 keep = super().handle(conn)
                 # Anything but "served, keep alive" (close, defer to the poller, stopping) is
@@ -75,6 +89,23 @@ class KeepAliveThreadWorker(ThreadWorker):  # type: ignore[misc]
         finally:
             with self._handling_lock:
                 self._handling -= 1
+
+    def _first_request_ready(self, conn: Any) -> bool | None:
+        """A new connection: its TLS handshake done here, then whether its first request is arriving (None: the
+        handshake failed)."""
+        if not conn.data_ready and not conn.wait_for_data(DEFAULT_WORKER_DATA_TIMEOUT):
+            return False  # not even a ClientHello yet
+        try:
+            conn.sock.setblocking(True)
+            conn.init()  # the handshake (and the HTTP parser); gthread's handle() skips it once done
+        except OSError as err:  # ssl.SSLError included: a client that left, or spoke no TLS
+            self.log.debug("TLS handshake failed: %s", err)
+            return None
+        if getattr(conn.sock, "pending", lambda: 0)():
+            return True
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN)
+        return bool(poller.poll(self.linger_seconds * 1000))
 
     def _next_request_ready(self, conn: Any) -> bool:
         # Bytes already read past the last request, or decrypted and held by TLS, never make the

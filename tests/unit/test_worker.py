@@ -70,6 +70,25 @@ def test_more_busy_connections_than_threads_are_all_served(server: Server) -> No
     assert answered == [40] * 6
 
 
+@pytest.mark.parametrize("server", [2], indirect=True, ids=["2-threads"])
+def test_connections_kept_idle_after_their_handshake_hold_no_thread(server: Server) -> None:
+    """Go's HTTP client (the API server's) keeps a connection it dialed but did not need idle for later, handshake
+    done and no request sent: more of them than threads must not leave a request unanswered."""
+    idle = [Client(server) for _ in range(4)]  # TLS handshakes done, nothing sent
+    try:
+        c = Client(server)
+        started = time.monotonic()
+        c.send(b"still served")
+        assert c.receive() == b"still served"
+        assert time.monotonic() - started < 2, "a thread was held by an idle connection"
+        idle[0].send(b"later")  # an idle one used at last is served as any other
+        assert idle[0].receive() == b"later"
+        c.close()
+    finally:
+        for i in idle:
+            i.close()
+
+
 def test_idle_connection_is_picked_up_again_after_a_pause(server: Server) -> None:
     """A pause longer than the linger hands the connection back to the poller; the next request on
     it is still answered."""
