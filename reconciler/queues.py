@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from raygate.core import keys, preemption, queueing
+from raygate.core import booking, keys, preemption, queueing
 from raygate.core.conditions import conditions
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.modes import ObjectRules
@@ -46,7 +46,7 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
     parked = keys.NEVER_FITS_ANNOTATION in w.annotations
     return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
                    w.uid, answered or None, shape, parked, preempted_by(w)[0],
-                   provisioned.last_transition if provisioned is not None and provisioned.true else None)
+                   request is not None and booking.provisioned(request) and not booking.ended(request))
 
 
 def preempted_by(w: Workload) -> tuple[Key | None, str]:

@@ -46,7 +46,7 @@ class Waiting:
     shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
     parked: bool = False  # no node group can hold it: it keeps its request, out of the way of the jobs behind
     yields_to: Key | None = None  # preempted to make room for this job: it does not ask while that one waits
-    provisioned: str | None = None  # when its request was Provisioned: it holds its capacity, about to be admitted
+    provisioned: bool = False  # its request booked capacity (booking.provisioned): it is about to be admitted
 
     @property
     def order(self) -> tuple[int, str, str]:
@@ -60,7 +60,7 @@ class Waiting:
     def aside(self) -> bool:
         """Its request stays out whatever its place, out of the way of the jobs behind: it never fits, or it is
         Provisioned."""
-        return self.parked or self.provisioned is not None
+        return self.parked or self.provisioned
 
     def not_now(self, freed: str) -> bool:
         """Answered "not now" since capacity last freed (an older answer is out of date: it asks again)."""

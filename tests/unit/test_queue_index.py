@@ -70,6 +70,24 @@ def test_a_provisioned_job_is_out_of_the_way_and_the_next_asks_while_it_is_admit
     for i in range(1, 4):
         q.put("default", STRICT, job(f"q{i}", i))
     seen.clear()
-    q.put("default", STRICT, replace(job("q1", 1), provisioned="2030-01-01T00:01:00Z"))  # capacity found for q1
+    q.put("default", STRICT, replace(job("q1", 1), provisioned=True))  # capacity found for q1
     assert "q2" in seen and q.turn(Key("RayJob", "ns", "q2")).may_ask  # type: ignore[union-attr]
     assert not q.turn(Key("RayJob", "ns", "q3")).may_ask  # type: ignore[union-attr]
+
+
+def test_only_a_request_whose_booking_holds_puts_its_job_out_of_the_way() -> None:
+    """The booking rule is booking.provisioned and not ended: a Provisioned request whose booking expired (or
+    that failed) books nothing, so the job behind it must not ask as if it did."""
+    from test_reconciler_decision import policy, provisioning, request
+
+    from raygate.core.modes import for_object
+    from raygate.reconciler.queues import waiting_of
+
+    w = provisioning()
+    rules = for_object(policy(), w.annotations)
+    key = Key("RayJob", w.namespace, w.name)
+    booked = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"))
+    expired = request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P"), ("BookingExpired", "True", "E"))
+    assert waiting_of(key, w, rules, {}, 0, booked).provisioned  # type: ignore[union-attr]
+    assert not waiting_of(key, w, rules, {}, 0, expired).provisioned  # type: ignore[union-attr]
+    assert not waiting_of(key, w, rules, {}, 0, None).provisioned  # type: ignore[union-attr]

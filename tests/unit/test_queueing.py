@@ -91,7 +91,7 @@ def test_a_job_that_never_fits_is_out_of_the_way_of_positions_too() -> None:
 
 def test_a_provisioned_job_holds_its_capacity_so_the_next_job_asks_meanwhile() -> None:
     """Under StrictFIFO too: the front's capacity is booked, the job behind cannot take it."""
-    queue = [replace(job("q1", 1), provisioned="2030-01-01T00:01:00Z"), job("q2", 2), job("q3", 3)]
+    queue = [replace(job("q1", 1), provisioned=True), job("q2", 2), job("q3", 3)]
     assert may_ask(queue, Strategy.STRICT_FIFO) == ["q1", "q2"]
     assert turns(ordered(queue), Strategy.STRICT_FIFO, 8)[("RayJob", "ns", "q3")].behind == "RayJob ns/q2"
 
