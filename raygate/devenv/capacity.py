@@ -142,7 +142,7 @@ def kwok_stages(cp: ControlPlane) -> Path:
 
 def start_capacity(cp: ControlPlane, state: State, layout: Layout | None = None) -> Layout:
     """kube-scheduler, KWOK and cluster-autoscaler, plus the CPU nodes; harmless when they already run."""
-    from raygate.devenv.controlplane import alive, free_port, gang_scheduling
+    from raygate.devenv.controlplane import alive, free_port, gang_scheduling, log_gist
 
     layout = layout or Layout()
     missing = [b for b in PROCESSES if not cp.bundle.binary(b).exists()]
@@ -176,7 +176,8 @@ def start_capacity(cp: ControlPlane, state: State, layout: Layout | None = None)
     cp.wait_for(state, "kwok", lambda: _ready_nodes(cp) >= layout.cpu_nodes, 60)
     for name in PROCESSES:
         if not alive(state.pids[name]):
-            raise RaygateError(f"{name} exited at start: see {cp.logs / (name + '.log')}")
+            raise RaygateError(f"{name} exited at start: {log_gist(cp.logs / (name + '.log'))} "
+                               f"(its log: {cp.logs / (name + '.log')})")
     return layout
 
 

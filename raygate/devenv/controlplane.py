@@ -11,6 +11,8 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -69,7 +71,32 @@ def gang_scheduling(state: State) -> bool:
 CRD_ESTABLISHED_SECONDS = 180.0
 
 
+# Ports handed out by free_port: below the kernel's ephemeral range, where outgoing connections take theirs.
+LISTEN_PORTS_FROM = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a process to listen on later.
+
+    Not one the kernel picks (bind to port 0): it comes from the ephemeral range, which every outgoing connection
+    draws from too, so in the seconds before its process binds it (the cluster-autoscaler's metrics port waits for a
+    whole control plane to start) any client's connection can take it, and the process dies at start ("bind: address
+    already in use"). Below that range only a listener can take it."""
+    try:
+        ephemeral_from = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_from = 32768  # Linux's default
+    candidates = range(LISTEN_PORTS_FROM, ephemeral_from)
+    if len(candidates) >= 1000:  # else too few to pick from at random: the kernel's choice, below
+        for _ in range(100):
+            port = candidates[secrets.randbelow(len(candidates))]
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -110,12 +137,18 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _last_line(path: Path) -> str:
+def log_gist(path: Path) -> str:
+    """The gist of a process's log: its first fatal line (klog's `F...`, a Go panic) when it has one,
+    since the goroutine dump that follows a fatal says nothing; else its last line."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "no log"
-    return lines[-1][:400] if lines else "no log output"
+    fatal = next((ln for ln in lines if _FATAL.match(ln)), None)
+    return (fatal or (lines[-1] if lines else "no log output"))[:400]
+
+
+_FATAL = re.compile(r"^(F\d{4} |panic: |fatal error: )")
 
 
 class ControlPlane:
@@ -251,11 +284,11 @@ class ControlPlane:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not alive(state.pids[name]):
-                raise RaygateError(f"{name} exited during start-up: {_last_line(self.logs / f'{name}.log')}")
+                raise RaygateError(f"{name} exited during start-up: {log_gist(self.logs / f'{name}.log')}")
             if callable(check) and check():
                 return
             time.sleep(0.2)
-        raise RaygateError(f"{name} was not ready after {timeout:.0f}s: {_last_line(self.logs / f'{name}.log')}")
+        raise RaygateError(f"{name} was not ready after {timeout:.0f}s: {log_gist(self.logs / f'{name}.log')}")
 
     def kubectl(self, *args: str, input_text: str | None = None, check: bool = True) -> str:
         proc = subprocess.run(

@@ -73,3 +73,21 @@ def test_a_state_that_never_recorded_the_list_restarts_without_an_empty_name(cp:
     state = State(1, 2, 3, pids={"kube-controller-manager": 99})
     cp.start_controller_manager(state)
     assert "" not in controllers(cp.started[-1])
+
+
+def test_a_process_that_exits_is_reported_by_its_fatal_line_not_its_goroutine_dump(tmp_path: Path) -> None:
+    log = tmp_path / "cluster-autoscaler.log"
+    log.write_text("I1127 01:00:00.000 main.go:1] Cluster Autoscaler 1.33\n"
+                   "F1127 01:00:01.000 kwok_provider.go:214] failed to load kwok provider config: timeout\n"
+                   "goroutine 1 [running]:\nmain.main()\n\t/src/main.go:1 +0x1\n")
+    assert controlplane.log_gist(log).endswith("failed to load kwok provider config: timeout")
+    log.write_text("I1127 01:00:00.000 main.go:1] starting\nI1127 01:00:01.000 main.go:2] still starting\n")
+    assert controlplane.log_gist(log).endswith("still starting")
+    assert controlplane.log_gist(tmp_path / "absent.log") == "no log"
+
+
+def test_ports_for_listeners_come_from_below_the_range_outgoing_connections_draw_from() -> None:
+    ephemeral_from = int(controlplane.EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {controlplane.free_port() for _ in range(50)}
+    assert all(controlplane.LISTEN_PORTS_FROM <= p < ephemeral_from for p in ports), sorted(ports)
+    assert len(ports) > 1  # picked at random, so two stacks starting at once do not race for one port
