@@ -209,11 +209,16 @@ class NamespacePolicy(_Strict):
 
     @model_validator(mode="after")
     def _default_is_allowed(self) -> NamespacePolicy:
-        allowed, default = self.allowed_priority_class_names, self.default_priority_class_name
-        if allowed is not None and default is not None and default not in allowed:
-            raise ValueError(f"defaultPriorityClassName {default!r} is not in allowedPriorityClassNames {allowed}: "
-                             "add it there, or name one of those")
+        if (problem := self.unallowed_priority_class("defaultPriorityClassName", self.default_priority_class_name)):
+            raise ValueError(problem)
         return self
+
+    def unallowed_priority_class(self, field: str, name: str | None) -> str | None:
+        """A PriorityClass the admin names in `field` that allowedPriorityClassNames leaves out."""
+        allowed = self.allowed_priority_class_names
+        if allowed is None or name is None or name in allowed:
+            return None
+        return f"{field} {name!r} is not in allowedPriorityClassNames {allowed}: add it there, or name one of those"
 
     @field_validator("max_gang")
     @classmethod

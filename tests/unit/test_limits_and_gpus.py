@@ -229,6 +229,11 @@ def test_a_priority_class_the_namespace_does_not_allow_is_refused_at_create_and_
     assert not d.allowed and d.code == 403 and d.message is not None and "PriorityClass urgent" in d.message
 
 
-def test_the_default_priority_class_must_be_one_the_namespace_allows() -> None:
+def test_the_classes_the_admin_names_must_be_ones_the_namespace_allows() -> None:
     with pytest.raises(ConfigError, match="defaultPriorityClassName 'batch' is not in allowedPriorityClassNames"):
         parse_config("defaults:\n  allowedPriorityClassNames: [gold]\n  defaultPriorityClassName: batch\n")
+    # volcano mode writes priorityClass into every job's PriorityClass label, the one the list bounds
+    with pytest.raises(ConfigError, match="priorityClass 'batch' is not in allowedPriorityClassNames"):
+        parse_config("defaults:\n  mode: volcano\n  allowedPriorityClassNames: [gold]\n  priorityClass: batch\n")
+    # kueue mode's priorityClass is a Kueue WorkloadPriorityClass, not one of the namespace's PriorityClasses
+    parse_config("defaults:\n  mode: kueue\n  allowedPriorityClassNames: [gold]\n  priorityClass: batch\n")

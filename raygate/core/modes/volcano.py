@@ -88,6 +88,11 @@ class Volcano(ModeRules, GroupsWithPrerequisite, GroupsWithDrift):
     prerequisite_reason = "QueueNotOpen"
     rewritten_reason = "PodGroupRewritten"
 
+    def config_problems(self, policy: NamespacePolicy) -> list[str]:
+        # priorityClass goes into every job's PriorityClass label, the one allowedPriorityClassNames bounds.
+        problem = policy.unallowed_priority_class("priorityClass", policy.priority_class)
+        return [problem] if problem else []
+
     # --- at creation (webhook) ------------------------------------------------------------------
     def apply(self, b: PatchBuilder, w: Workload, policy: NamespacePolicy, gang: Gang) -> None:
         hold(b)
