@@ -7,6 +7,8 @@ the gate and without it, and a scale-up's pods from creation to bound on the rea
    the moment its request is Provisioned to every worker bound, once with the pod gate and once without
    it (the pod rules taken out of raygate's webhook registrations, so pods are not gated: raygate as it
    was before the gate), in alternating rounds. Target: the median with the gate within 20% of without.
+   Beside it, what a webhook call costs the API server itself: 40 GPU pods created one after another on the
+   same stack while it is idle, in an opted-in namespace (a webhook call each) and in one that is not.
 3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: from the replicas
    patch and from the new pods' creation to all bound, with the real cluster-autoscaler adding the node for
    their scale-up request.
@@ -37,6 +39,8 @@ from raygate.webhook.cli import WORKERS as WEBHOOK_WORKERS
 
 NAMESPACE = "bench-podgate"  # the scale-up: best-effort-atomic, the autoscaler adds its node
 GANG_NAMESPACE = "bench-podgate-gang"  # the gang: check-capacity on GPU nodes that exist
+PLAIN_NAMESPACE = "bench-podgate-plain"  # not opted in: pod creates the webhook never sees
+IDLE_PODS = 40
 STATIC_GROUP = "gpu-static"
 GANG = 32
 ROUNDS = 5  # per side, alternating: a round is one gang with the gate and one without
@@ -240,6 +244,26 @@ def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[s
     return out
 
 
+def creates_on_an_idle_stack(cp: Any, kube: Kube) -> dict[str, dict[str, dict[str, float]]]:
+    """`IDLE_PODS` GPU pods created one after another, in an opted-in namespace and in one that is not, with the
+    API server's own timings: what the webhook call costs it when nothing else runs (no Ray identity on these
+    pods, so the webhook gates them and nothing releases them; deleted after)."""
+    from raygate.core.api import PODS
+
+    out = {}
+    for ns in (NAMESPACE, PLAIN_NAMESPACE):
+        before = apiserver_admission(cp)
+        for i in range(IDLE_PODS):
+            pod = gpu_pod(i)
+            pod["metadata"] = {"name": f"idle-{i:03d}", "namespace": ns}
+            # No node has it: the autoscaler adds none for the ungated ones (the scale-up below starts from zero).
+            pod["spec"]["nodeSelector"] = {"raygate.io/bench-node": "none"}
+            kube.create(PODS, pod, ns)
+        out[ns] = admission_delta(before, apiserver_admission(cp))
+        cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
+    return out
+
+
 class Connections:
     """The API server's TCP connections to the webhook, from /proc/net/tcp every 20 ms: how many it opened."""
 
@@ -291,6 +315,8 @@ def on_capacity(timeout: float) -> dict[str, Any]:
         hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE))
         webhook_port = int(hook.url.rsplit(":", 1)[1])
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
+        cp.kubectl("create", "namespace", PLAIN_NAMESPACE)
+        out["idle_creates"] = creates_on_an_idle_stack(cp, kube)
         # (3) a scale-up on the real autoscaler: its GPU node group starts at zero.
         kube.create(RAYCLUSTERS, raycluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
         until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1, timeout,
@@ -416,6 +442,13 @@ def main(args: argparse.Namespace) -> int:
                  f"{conns['ungated']:.0f}"])
     print(common.table(["", "with the pod gate: calls x mean ms", "without it"], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
+    idle = cap["idle_creates"]
+    series = sorted(set(idle[NAMESPACE]) | set(idle[PLAIN_NAMESPACE]))
+    print(common.table(["", "opted in: calls x mean ms", "not opted in"], [
+        [k, *[f"{idle[ns][k]['calls']:.0f} x {idle[ns][k]['mean_ms']:.2f}" if k in idle[ns] else ""
+              for ns in (NAMESPACE, PLAIN_NAMESPACE)]] for k in series],
+        f"{IDLE_PODS} GPU pods created one by one on the idle stack, as the API server timed them (its webhook call "
+        "against the c=1 latency the served table shows from a client of our own)"))
     print()
     print(common.targets_table(targets))
     print(common.report_footer(report, common.write_report("podgate", report, targets, t0)))
