@@ -6,9 +6,11 @@ the gate and without it, and a scale-up's pods from creation to bound on the rea
 2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
    the moment its request is Provisioned to every worker bound, once with the pod gate and once without
    it (the pod rules taken out of raygate's webhook registrations, so pods are not gated: raygate as it
-   was before the gate), in alternating rounds. Target: the median with the gate within 20% of without.
-   Beside it, what a webhook call costs the API server itself: 40 GPU pods created one after another on the
-   same stack while it is idle, in an opted-in namespace (a webhook call each) and in one that is not.
+   was before the gate), and once with the pods sent instead to a webhook in Go that only adds a label
+   (benchmarks/noop_webhook: what any webhook costs), in rotating rounds. Target: the median with the gate
+   within 20% of without. Beside it, what a webhook call costs the API server itself: 40 GPU pods created
+   one after another on the same stack while it is idle, sent to raygate's webhook, to the no-op one, and to
+   none.
 3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: from the replicas
    patch and from the new pods' creation to all bound, with the real cluster-autoscaler adding the node for
    their scale-up request.
@@ -22,6 +24,7 @@ import json
 import statistics
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -39,7 +42,9 @@ from raygate.webhook.cli import WORKERS as WEBHOOK_WORKERS
 
 NAMESPACE = "bench-podgate"  # the scale-up: best-effort-atomic, the autoscaler adds its node
 GANG_NAMESPACE = "bench-podgate-gang"  # the gang: check-capacity on GPU nodes that exist
-PLAIN_NAMESPACE = "bench-podgate-plain"  # not opted in: pod creates the webhook never sees
+NOOP_NAMESPACE = "bench-podgate-noop"  # not opted in; its pods go to the no-op webhook in Go
+PLAIN_NAMESPACE = "bench-podgate-plain"  # not opted in: pod creates no webhook sees
+NOOP_SOURCE = Path(__file__).parent / "noop_webhook"
 IDLE_PODS = 40
 STATIC_GROUP = "gpu-static"
 GANG = 32
@@ -244,22 +249,81 @@ def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[s
     return out
 
 
-def creates_on_an_idle_stack(cp: Any, kube: Kube) -> dict[str, dict[str, dict[str, float]]]:
-    """`IDLE_PODS` GPU pods created one after another, in an opted-in namespace and in one that is not, with the
-    API server's own timings: what the webhook call costs it when nothing else runs (no Ray identity on these
-    pods, so the webhook gates them and nothing releases them; deleted after)."""
+IDLE_SIDES = {NAMESPACE: "raygate's webhook", NOOP_NAMESPACE: "a no-op webhook in Go", PLAIN_NAMESPACE: "none"}
+NOOP_CONFIG = "raygate-bench-noop"
+
+
+class NoopWebhook:
+    """benchmarks/noop_webhook, built and served on the control plane; `route` sends it the pods of namespaces."""
+
+    def __init__(self, cp: Any) -> None:
+        import os
+        import subprocess
+
+        from raygate.devenv.controlplane import free_port
+        from raygate.devenv.raygate_local import write_tls
+
+        self.cp = cp
+        binary = cp.workdir / "noop-webhook"
+        subprocess.run(["go", "build", "-o", str(binary), "."], cwd=NOOP_SOURCE, check=True, capture_output=True,
+                       env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"})
+        self.ca, crt, key = write_tls(cp.workdir / "noop-webhook-tls")
+        self.port = free_port()
+        self.proc = subprocess.Popen([str(binary), f"127.0.0.1:{self.port}", str(crt), str(key)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def route(self, *namespaces: str) -> None:
+        """Its registration, for the pods created in `namespaces` (none: no registration)."""
+        import base64
+
+        if not namespaces:
+            self.cp.kubectl("delete", "mutatingwebhookconfiguration", NOOP_CONFIG, "--ignore-not-found")
+            return
+        self.cp.kubectl("apply", "-f", "-", input_text=json.dumps({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": NOOP_CONFIG}, "webhooks": [{
+                "name": "noop.bench.raygate.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "failurePolicy": "Fail", "timeoutSeconds": 5,
+                "clientConfig": {"url": f"https://127.0.0.1:{self.port}/mutate",
+                                 "caBundle": base64.b64encode(self.ca.read_bytes()).decode()},
+                "namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                                            "values": list(namespaces)}]},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                           "resources": ["pods"], "scope": "Namespaced"}]}]}))
+
+    def stop(self) -> None:
+        self.route()
+        self.proc.kill()
+        self.proc.wait()
+
+
+def creates_on_an_idle_stack(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict[str, dict[str, float]]]:
+    """`IDLE_PODS` GPU pods created one after another in each of IDLE_SIDES' namespaces, with the API server's own
+    timings: what a webhook call costs it when nothing else runs. The pods carry no Ray identity and are deleted
+    after; no node matches their selector, so the autoscaler adds none for the ungated ones."""
     from raygate.core.api import PODS
 
+    for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # NAMESPACE is raygate's, opted in
+        cp.kubectl("create", "namespace", ns)
+    noop.route(NOOP_NAMESPACE)
+
+    def create(ns: str, name: str) -> None:
+        pod = gpu_pod(0)
+        pod["metadata"] = {"name": name, "namespace": ns, "labels": {"app": "bench"}}
+        pod["spec"]["nodeSelector"] = {"raygate.io/bench-node": "none"}
+        kube.create(PODS, pod, ns)
+
+    for ns in IDLE_SIDES:  # warm: each webhook's connection open, its first answers given
+        for i in range(5):
+            create(ns, f"warm-{i}")
     out = {}
-    for ns in (NAMESPACE, PLAIN_NAMESPACE):
+    for ns in IDLE_SIDES:
         before = apiserver_admission(cp)
         for i in range(IDLE_PODS):
-            pod = gpu_pod(i)
-            pod["metadata"] = {"name": f"idle-{i:03d}", "namespace": ns}
-            # No node has it: the autoscaler adds none for the ungated ones (the scale-up below starts from zero).
-            pod["spec"]["nodeSelector"] = {"raygate.io/bench-node": "none"}
-            kube.create(PODS, pod, ns)
+            create(ns, f"idle-{i:03d}")
         out[ns] = admission_delta(before, apiserver_admission(cp))
+    noop.route()
+    for ns in IDLE_SIDES:
         cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
     return out
 
@@ -303,6 +367,9 @@ class Connections:
         return len(self.seen - self.before)
 
 
+GANG_SIDES = ("gated", "noop", "ungated")  # raygate's pod gate; a no-op webhook in Go instead; no webhook at all
+
+
 def on_capacity(timeout: float) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, start_capacity
 
@@ -313,38 +380,53 @@ def on_capacity(timeout: float) -> dict[str, Any]:
         assert state is not None
         start_capacity(cp, state, layout)
         hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE))
-        webhook_port = int(hook.url.rsplit(":", 1)[1])
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
-        cp.kubectl("create", "namespace", PLAIN_NAMESPACE)
-        out["idle_creates"] = creates_on_an_idle_stack(cp, kube)
-        # (3) a scale-up on the real autoscaler: its GPU node group starts at zero.
-        kube.create(RAYCLUSTERS, raycluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
-        until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1, timeout,
-              "the elastic cluster's first worker bound", 0.5)
-        patched = time.monotonic()
-        kube.patch(RAYCLUSTERS, "elastic", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
-                                             "value": 1 + SCALE_UP}], NAMESPACE,
-                   content_type="application/json-patch+json")
-        first = until(lambda: len(gpu_workers(kube, "elastic", NAMESPACE)) > 1, timeout,
-                      "the first pod of the scale-up")
-        bound = until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1 + SCALE_UP, timeout,
-                      "the scale-up's pods bound", 0.2)
-        out["scale_up"] = {"pods": SCALE_UP, "created_to_bound_s": round(bound - first, 2),
-                           "patched_to_bound_s": round(bound - patched, 2)}
-        print(f"bench: scale-up of {SCALE_UP} workers: replicas patched -> bound {bound - patched:.1f}s, "
-              f"pods created -> bound {bound - first:.1f}s", flush=True)
-        kube.delete(RAYCLUSTERS, "elastic", NAMESPACE)
-        # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
-        common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node, timeout)
-        rounds: dict[str, list[float]] = {"gated": [], "ungated": []}
-        phases: dict[str, list[dict[str, float]]] = {"gated": [], "ungated": []}
-        seen_by_apiserver: dict[str, list[dict[str, Any]]] = {"gated": [], "ungated": []}
-        watch = GangWatch(kube, GANG_NAMESPACE)
-        for i in range(ROUNDS * 2):
-            gated = i % 2 == 0
-            _pod_rules(cp, gated)
-            side = "gated" if gated else "ungated"
-            name = f"gang-{side}-{i // 2}"
+        noop = NoopWebhook(cp)
+        try:
+            out["scale_up"] = scale_up(kube, timeout)
+            # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
+            common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node,
+                                        timeout)
+            out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout))
+            # Last, when the stack has settled (the scale-up's node gone, nothing starting).
+            out["idle_creates"] = creates_on_an_idle_stack(cp, kube, noop)
+        finally:
+            noop.stop()
+    return out
+
+
+def scale_up(kube: Kube, timeout: float) -> dict[str, Any]:
+    """(3) an admitted autoscaling RayCluster scaled up on the real autoscaler: its GPU node group starts at zero."""
+    kube.create(RAYCLUSTERS, raycluster("elastic", NAMESPACE, 1, autoscaling=True), NAMESPACE)
+    until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1, timeout,
+          "the elastic cluster's first worker bound", 0.5)
+    patched = time.monotonic()
+    kube.patch(RAYCLUSTERS, "elastic", [{"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas",
+                                         "value": 1 + SCALE_UP}], NAMESPACE,
+               content_type="application/json-patch+json")
+    first = until(lambda: len(gpu_workers(kube, "elastic", NAMESPACE)) > 1, timeout,
+                  "the first pod of the scale-up")
+    bound = until(lambda: bound_workers(kube, "elastic", NAMESPACE) == 1 + SCALE_UP, timeout,
+                  "the scale-up's pods bound", 0.2)
+    print(f"bench: scale-up of {SCALE_UP} workers: replicas patched -> bound {bound - patched:.1f}s, "
+          f"pods created -> bound {bound - first:.1f}s", flush=True)
+    kube.delete(RAYCLUSTERS, "elastic", NAMESPACE)
+    return {"pods": SCALE_UP, "created_to_bound_s": round(bound - first, 2),
+            "patched_to_bound_s": round(bound - patched, 2)}
+
+
+def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: float) -> dict[str, Any]:
+    """ROUNDS rounds of a GANG-worker RayCluster on each of GANG_SIDES, in turn."""
+    rounds: dict[str, list[float]] = {side: [] for side in GANG_SIDES}
+    phases: dict[str, list[dict[str, float]]] = {side: [] for side in GANG_SIDES}
+    seen_by_apiserver: dict[str, list[dict[str, Any]]] = {side: [] for side in GANG_SIDES}
+    watch = GangWatch(kube, GANG_NAMESPACE)
+    for i in range(ROUNDS):
+        for side in GANG_SIDES:
+            _pod_rules(cp, side == "gated")
+            if side == "noop":
+                noop.route(GANG_NAMESPACE)
+            name = f"gang-{side}-{i}"
             kube.create(RAYCLUSTERS, raycluster(name, GANG_NAMESPACE, GANG), GANG_NAMESPACE)
             provisioned = until(lambda n=name: request_provisioned(kube, n, GANG_NAMESPACE), timeout,
                                 f"{name} Provisioned", 0.05)
@@ -355,6 +437,8 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             seen_by_apiserver[side].append({"admission": admission_delta(before, apiserver_admission(cp)),
                                             "webhook_connections_opened": conns.opened,
                                             "webhook_connections_at_start": len(conns.before)})
+            if side == "noop":
+                noop.route()
             rounds[side].append(round(done - provisioned, 2))
             until(lambda n=name: sum("bound" in p for p in watch.pods.get(n, {}).values()) >= GANG, timeout,
                   f"the watch to see every worker of {name} bound", 0.05)
@@ -362,25 +446,24 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             print(f"bench: {name}: Provisioned -> {GANG} workers bound {done - provisioned:.1f}s", flush=True)
             kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
             until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
-        watch.stop()
-        for side, seconds in rounds.items():
-            out[f"gang-{side}"] = {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
-                                   "phases_s": {label: statistics.median(r[label] for r in phases[side])
-                                                for label, _, _ in GANG_PHASES},
-                                   "phases_by_round_s": phases[side], "apiserver_by_round": seen_by_apiserver[side]}
-    return out
+    watch.stop()
+    return {f"gang-{side}": {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
+                             "phases_s": {label: statistics.median(r[label] for r in phases[side])
+                                          for label, _, _ in GANG_PHASES},
+                             "phases_by_round_s": phases[side], "apiserver_by_round": seen_by_apiserver[side]}
+            for side, seconds in rounds.items()}
 
 
 CREATES = "first -> last worker created (KubeRay)"
 
 
 def creates_by_round(cap: dict[str, Any]) -> list[dict[str, float]]:
-    """KubeRay's 32 worker creates of each round, with the gate and without, and their ratio."""
+    """KubeRay's 32 worker creates of each round on each side, and the gated and no-op sides' ratios to none."""
     out = []
-    for gated, ungated in zip(cap["gang-gated"]["phases_by_round_s"], cap["gang-ungated"]["phases_by_round_s"],
-                              strict=False):
-        out.append({"gated_s": gated[CREATES], "ungated_s": ungated[CREATES],
-                    "ratio": round(gated[CREATES] / max(ungated[CREATES], 1e-9), 2)})
+    for gated, noop, ungated in zip(*(cap[f"gang-{side}"]["phases_by_round_s"] for side in GANG_SIDES), strict=False):
+        out.append({"gated_s": gated[CREATES], "noop_s": noop[CREATES], "ungated_s": ungated[CREATES],
+                    "ratio": round(gated[CREATES] / max(ungated[CREATES], 1e-9), 2),
+                    "noop_ratio": round(noop[CREATES] / max(ungated[CREATES], 1e-9), 2)})
     return out
 
 
@@ -419,36 +502,43 @@ def main(args: argparse.Namespace) -> int:
         return [", ".join(f"{s:.2f}" for s in cap[f"gang-{side}"]["rounds_s"]),
                 cap[f"gang-{side}"]["provisioned_to_all_bound_s"]]
 
+    noop_ratio = cap["gang-noop"]["provisioned_to_all_bound_s"] / max(
+        cap["gang-ungated"]["provisioned_to_all_bound_s"], 1e-9)
     print(common.table(["", "rounds (s)", "median / seconds"], [
         [f"{GANG}-pod gang, Provisioned -> every worker bound, with the pod gate", *gang("gated")],
-        [f"{GANG}-pod gang, Provisioned -> every worker bound, without it", *gang("ungated")],
+        [f"{GANG}-pod gang, Provisioned -> every worker bound, a no-op webhook in Go instead", *gang("noop")],
+        [f"{GANG}-pod gang, Provisioned -> every worker bound, without either", *gang("ungated")],
         ["the gang ratio, with / without (medians)", "", f"{ratio:.2f}x"],
+        ["the gang ratio, the no-op webhook / without (medians)", "", f"{noop_ratio:.2f}x"],
         [f"scale-up of {SCALE_UP} workers, replicas patched -> all bound (real autoscaler adds the node)", "",
          cap["scale_up"]["patched_to_bound_s"]],
         [f"scale-up of {SCALE_UP} workers, pods created -> all bound", "", cap["scale_up"]["created_to_bound_s"]],
     ], f"On real capacity ({cap['layout']})"))
-    print(common.table(["round", "with the gate (s)", "without it (s)", "with / without"], [
-        [str(i + 1), r["gated_s"], r["ungated_s"], f"{r['ratio']:.2f}x"] for i, r in enumerate(creates)],
-        f"KubeRay's {GANG} worker creates (first -> last created), each round"))
-    print(common.table(["", "with the pod gate", "without it"], [
-        [label, cap["gang-gated"]["phases_s"][label], cap["gang-ungated"]["phases_s"][label]]
+    print(common.table(["round", "with the gate (s)", "no-op webhook (s)", "without (s)", "gate / without",
+                        "no-op / without"], [
+        [str(i + 1), r["gated_s"], r["noop_s"], r["ungated_s"], f"{r['ratio']:.2f}x", f"{r['noop_ratio']:.2f}x"]
+        for i, r in enumerate(creates)], f"KubeRay's {GANG} worker creates (first -> last created), each round"))
+    print(common.table(["", "with the pod gate", "no-op webhook", "without"], [
+        [label, *(cap[f"gang-{side}"]["phases_s"][label] for side in GANG_SIDES)]
         for label, _, _ in GANG_PHASES], f"Where a {GANG}-pod gang's time goes (seconds, median of the rounds)"))
-    calls = {side: _webhook_calls(cap[f"gang-{side}"]["apiserver_by_round"]) for side in ("gated", "ungated")}
+    calls = {side: _webhook_calls(cap[f"gang-{side}"]["apiserver_by_round"]) for side in GANG_SIDES}
     conns = {side: statistics.median(r["webhook_connections_opened"] for r in cap[f"gang-{side}"]["apiserver_by_round"])
-             for side in ("gated", "ungated")}
+             for side in GANG_SIDES}
     rows = [[k, *[f"{calls[side].get(k, {}).get('calls', 0):.0f} x {calls[side].get(k, {}).get('mean_ms', 0):.2f}"
-                  for side in ("gated", "ungated")]] for k in sorted(set(calls["gated"]) | set(calls["ungated"]))]
-    rows.append(["connections the API server opened to the webhook", f"{conns['gated']:.0f}",
-                 f"{conns['ungated']:.0f}"])
-    print(common.table(["", "with the pod gate: calls x mean ms", "without it"], rows,
+                  for side in GANG_SIDES]] for k in sorted({k for side in GANG_SIDES for k in calls[side]})]
+    rows.append(["connections the API server opened to raygate's webhook",
+                 *(f"{conns[side]:.0f}" for side in GANG_SIDES)])
+    print(common.table(["", "with the pod gate: calls x mean ms", "no-op webhook", "without"], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
     idle = cap["idle_creates"]
-    series = sorted(set(idle[NAMESPACE]) | set(idle[PLAIN_NAMESPACE]))
-    print(common.table(["", "opted in: calls x mean ms", "not opted in"], [
-        [k, *[f"{idle[ns][k]['calls']:.0f} x {idle[ns][k]['mean_ms']:.2f}" if k in idle[ns] else ""
-              for ns in (NAMESPACE, PLAIN_NAMESPACE)]] for k in series],
-        f"{IDLE_PODS} GPU pods created one by one on the idle stack, as the API server timed them (its webhook call "
-        "against the c=1 latency the served table shows from a client of our own)"))
+    series = sorted({k for ns in IDLE_SIDES for k in idle[ns]})
+
+    def cell(ns: str, k: str) -> str:
+        return f"{idle[ns][k]['calls']:.0f} x {idle[ns][k]['mean_ms']:.2f}" if k in idle[ns] else ""
+
+    print(common.table(["", *(f"{side}: calls x mean ms" for side in IDLE_SIDES.values())],
+                       [[k, *(cell(ns, k) for ns in IDLE_SIDES)] for k in series],
+                       f"{IDLE_PODS} GPU pods created one by one on the idle stack, as the API server timed them"))
     print()
     print(common.targets_table(targets))
     print(common.report_footer(report, common.write_report("podgate", report, targets, t0)))

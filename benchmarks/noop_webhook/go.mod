@@ -1,0 +1,3 @@
+module raygate.io/benchmarks/noop-webhook
+
+go 1.26
