@@ -447,6 +447,7 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
             kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
             until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
     watch.stop()
+    _pod_rules(cp, True)  # raygate as installed again
     return {f"gang-{side}": {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
                              "phases_s": {label: statistics.median(r[label] for r in phases[side])
                                           for label, _, _ in GANG_PHASES},
