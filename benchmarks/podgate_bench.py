@@ -8,9 +8,9 @@ the gate and without it, and a scale-up's pods from creation to bound on the rea
    it (the pod rules taken out of raygate's webhook registrations, so pods are not gated: raygate as it
    was before the gate), and once with the pods sent instead to a webhook in Go that only adds a label
    (benchmarks/noop_webhook: what any webhook costs), in rotating rounds. Target: the median with the gate
-   within 20% of without. Beside it, what a webhook call costs the API server itself: 40 GPU pods created
-   one after another on the same stack while it is idle, sent to raygate's webhook, to the no-op one, and to
-   none.
+   within 20% of without. Then what a webhook call costs the API server itself: 40 GPU pods created one
+   after another on the same stack once no Ray object is left, sent to raygate's webhook, to the no-op one,
+   and to none.
 3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: from the replicas
    patch and from the new pods' creation to all bound, with the real cluster-autoscaler adding the node for
    their scale-up request.
@@ -299,7 +299,7 @@ class NoopWebhook:
 
 def creates_on_an_idle_stack(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict[str, dict[str, float]]]:
     """`IDLE_PODS` GPU pods created one after another in each of IDLE_SIDES' namespaces, with the API server's own
-    timings: what a webhook call costs it when nothing else runs. The pods carry no Ray identity and are deleted
+    timings: what a webhook call costs it with no Ray object in the way. The pods carry no Ray identity and are deleted
     after; no node matches their selector, so the autoscaler adds none for the ungated ones."""
     from raygate.core.api import PODS
 
@@ -539,7 +539,8 @@ def main(args: argparse.Namespace) -> int:
 
     print(common.table(["", *(f"{side}: calls x mean ms" for side in IDLE_SIDES.values())],
                        [[k, *(cell(ns, k) for ns in IDLE_SIDES)] for k in series],
-                       f"{IDLE_PODS} GPU pods created one by one on the idle stack, as the API server timed them"))
+                       f"{IDLE_PODS} GPU pods created one by one after the gangs (no Ray objects left; the "
+                       "autoscaler, KubeRay and raygate running), as the API server timed them"))
     print()
     print(common.targets_table(targets))
     print(common.report_footer(report, common.write_report("podgate", report, targets, t0)))
