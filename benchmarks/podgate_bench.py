@@ -45,10 +45,10 @@ GANG_NAMESPACE = "bench-podgate-gang"  # the gang: check-capacity on GPU nodes t
 NOOP_NAMESPACE = "bench-podgate-noop"  # not opted in; its pods go to the no-op webhook in Go
 PLAIN_NAMESPACE = "bench-podgate-plain"  # not opted in: pod creates no webhook sees
 NOOP_SOURCE = Path(__file__).parent / "noop_webhook"
-IDLE_PODS = 40
+ONE_BY_ONE_PODS = 40
 STATIC_GROUP = "gpu-static"
 GANG = 32
-ROUNDS = 5  # per side, alternating: a round is one gang with the gate and one without
+ROUNDS = 5  # a round is one gang on each of GANG_SIDES, in turn
 SCALE_UP = 4
 P99_TARGET_MS = 5.0
 OVERHEAD_TARGET = 1.2
@@ -249,7 +249,7 @@ def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[s
     return out
 
 
-IDLE_SIDES = {NAMESPACE: "raygate's webhook", NOOP_NAMESPACE: "a no-op webhook in Go", PLAIN_NAMESPACE: "none"}
+ONE_BY_ONE_SIDES = {NAMESPACE: "raygate's webhook", NOOP_NAMESPACE: "a no-op webhook in Go", PLAIN_NAMESPACE: "none"}
 NOOP_CONFIG = "raygate-bench-noop"
 
 
@@ -265,8 +265,10 @@ class NoopWebhook:
 
         self.cp = cp
         binary = cp.workdir / "noop-webhook"
-        subprocess.run(["go", "build", "-o", str(binary), "."], cwd=NOOP_SOURCE, check=True, capture_output=True,
-                       env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"})
+        built = subprocess.run(["go", "build", "-o", str(binary), "."], cwd=NOOP_SOURCE, capture_output=True,
+                               text=True, env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"})
+        if built.returncode != 0:
+            raise BenchError(f"could not build {NOOP_SOURCE} (`go build`): {built.stderr.strip()[-500:]}")
         self.ca, crt, key = write_tls(cp.workdir / "noop-webhook-tls")
         self.port = free_port()
         self.proc = subprocess.Popen([str(binary), f"127.0.0.1:{self.port}", str(crt), str(key)],
@@ -297,10 +299,10 @@ class NoopWebhook:
         self.proc.wait()
 
 
-def creates_on_an_idle_stack(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict[str, dict[str, float]]]:
-    """`IDLE_PODS` GPU pods created one after another in each of IDLE_SIDES' namespaces, with the API server's own
-    timings: what a webhook call costs it with no Ray object in the way. The pods carry no Ray identity and are deleted
-    after; no node matches their selector, so the autoscaler adds none for the ungated ones."""
+def creates_one_by_one(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict[str, dict[str, float]]]:
+    """`ONE_BY_ONE_PODS` GPU pods created one after another in each of ONE_BY_ONE_SIDES' namespaces, with the API
+    server's own timings: what a webhook call costs it with no Ray object in the way. The pods carry no Ray identity
+    and are deleted after; no node matches their selector, so the autoscaler adds none for the ungated ones."""
     from raygate.core.api import PODS
 
     for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # NAMESPACE is raygate's, opted in
@@ -313,17 +315,17 @@ def creates_on_an_idle_stack(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str
         pod["spec"]["nodeSelector"] = {"raygate.io/bench-node": "none"}
         kube.create(PODS, pod, ns)
 
-    for ns in IDLE_SIDES:  # warm: each webhook's connection open, its first answers given
+    for ns in ONE_BY_ONE_SIDES:  # warm: each webhook's connection open, its first answers given
         for i in range(5):
             create(ns, f"warm-{i}")
     out = {}
-    for ns in IDLE_SIDES:
+    for ns in ONE_BY_ONE_SIDES:
         before = apiserver_admission(cp)
-        for i in range(IDLE_PODS):
-            create(ns, f"idle-{i:03d}")
+        for i in range(ONE_BY_ONE_PODS):
+            create(ns, f"pod-{i:03d}")
         out[ns] = admission_delta(before, apiserver_admission(cp))
     noop.route()
-    for ns in IDLE_SIDES:
+    for ns in ONE_BY_ONE_SIDES:
         cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
     return out
 
@@ -389,7 +391,7 @@ def on_capacity(timeout: float) -> dict[str, Any]:
                                         timeout)
             out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout))
             # Last, when the stack has settled (the scale-up's node gone, nothing starting).
-            out["idle_creates"] = creates_on_an_idle_stack(cp, kube, noop)
+            out["one_by_one_creates"] = creates_one_by_one(cp, kube, noop)
         finally:
             noop.stop()
     return out
@@ -531,15 +533,15 @@ def main(args: argparse.Namespace) -> int:
                  *(f"{conns[side]:.0f}" for side in GANG_SIDES)])
     print(common.table(["", "with the pod gate: calls x mean ms", "no-op webhook", "without"], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
-    idle = cap["idle_creates"]
-    series = sorted({k for ns in IDLE_SIDES for k in idle[ns]})
+    one_by_one = cap["one_by_one_creates"]
+    series = sorted({k for ns in ONE_BY_ONE_SIDES for k in one_by_one[ns]})
 
     def cell(ns: str, k: str) -> str:
-        return f"{idle[ns][k]['calls']:.0f} x {idle[ns][k]['mean_ms']:.2f}" if k in idle[ns] else ""
+        return f"{one_by_one[ns][k]['calls']:.0f} x {one_by_one[ns][k]['mean_ms']:.2f}" if k in one_by_one[ns] else ""
 
-    print(common.table(["", *(f"{side}: calls x mean ms" for side in IDLE_SIDES.values())],
-                       [[k, *(cell(ns, k) for ns in IDLE_SIDES)] for k in series],
-                       f"{IDLE_PODS} GPU pods created one by one after the gangs (no Ray objects left; the "
+    print(common.table(["", *(f"{side}: calls x mean ms" for side in ONE_BY_ONE_SIDES.values())],
+                       [[k, *(cell(ns, k) for ns in ONE_BY_ONE_SIDES)] for k in series],
+                       f"{ONE_BY_ONE_PODS} GPU pods created one by one after the gangs (no Ray objects left; the "
                        "autoscaler, KubeRay and raygate running), as the API server timed them"))
     print()
     print(common.targets_table(targets))
