@@ -160,7 +160,8 @@ class NamespacePolicy(_Strict):
         "validate only, Kueue admits.",
     )
     queue_name: str | None = Field(None, description="Kueue LocalQueue or Volcano Queue for jobs here.")
-    priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class.")
+    priority_class: str | None = Field(None, description="Kueue WorkloadPriorityClass or Volcano priority class "
+                                       "(in volcano mode, one of allowedPriorityClassNames when that is set).")
     allow_user_queue: bool = Field(False, description="Keep a queue or priority label the user set.")
     managed_resources: list[str] = Field(
         default_factory=lambda: list(DEFAULT_MANAGED_RESOURCES),
