@@ -48,7 +48,6 @@ NOOP_SOURCE = Path(__file__).parent / "noop_webhook"
 ONE_BY_ONE_PODS = 40
 STATIC_GROUP = "gpu-static"
 GANG = 32
-ROUNDS = 5  # a round is one gang on each of GANG_SIDES, in turn
 SCALE_UP = 4
 P99_TARGET_MS = 5.0
 OVERHEAD_TARGET = 1.2
@@ -372,7 +371,7 @@ class Connections:
 GANG_SIDES = ("gated", "noop", "ungated")  # raygate's pod gate; a no-op webhook in Go instead; no webhook at all
 
 
-def on_capacity(timeout: float) -> dict[str, Any]:
+def on_capacity(timeout: float, rounds: int) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, start_capacity
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
@@ -389,7 +388,7 @@ def on_capacity(timeout: float) -> dict[str, Any]:
             # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
             common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node,
                                         timeout)
-            out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout))
+            out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout, rounds))
             # Last, when the stack has settled (the scale-up's node gone, nothing starting).
             out["one_by_one_creates"] = creates_one_by_one(cp, kube, noop)
         finally:
@@ -417,13 +416,14 @@ def scale_up(kube: Kube, timeout: float) -> dict[str, Any]:
             "patched_to_bound_s": round(bound - patched, 2)}
 
 
-def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: float) -> dict[str, Any]:
-    """ROUNDS rounds of a GANG-worker RayCluster on each of GANG_SIDES, in turn."""
-    rounds: dict[str, list[float]] = {side: [] for side in GANG_SIDES}
+def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: float,
+          rounds: int) -> dict[str, Any]:
+    """`rounds` rounds of a GANG-worker RayCluster, each one on every side of GANG_SIDES in turn."""
+    bound_s: dict[str, list[float]] = {side: [] for side in GANG_SIDES}
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in GANG_SIDES}
     seen_by_apiserver: dict[str, list[dict[str, Any]]] = {side: [] for side in GANG_SIDES}
     watch = GangWatch(kube, GANG_NAMESPACE)
-    for i in range(ROUNDS):
+    for i in range(rounds):
         for side in GANG_SIDES:
             _pod_rules(cp, side == "gated")
             if side == "noop":
@@ -441,7 +441,7 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                                             "webhook_connections_at_start": len(conns.before)})
             if side == "noop":
                 noop.route()
-            rounds[side].append(round(done - provisioned, 2))
+            bound_s[side].append(round(done - provisioned, 2))
             until(lambda n=name: sum("bound" in p for p in watch.pods.get(n, {}).values()) >= GANG, timeout,
                   f"the watch to see every worker of {name} bound", 0.05)
             phases[side].append(watch.phases(name, provisioned))
@@ -454,7 +454,7 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                              "phases_s": {label: statistics.median(r[label] for r in phases[side])
                                           for label, _, _ in GANG_PHASES},
                              "phases_by_round_s": phases[side], "apiserver_by_round": seen_by_apiserver[side]}
-            for side, seconds in rounds.items()}
+            for side, seconds in bound_s.items()}
 
 
 CREATES = "first -> last worker created (KubeRay)"
@@ -481,7 +481,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
     report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores)
-    report["capacity"] = on_capacity(args.timeout)
+    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds)
     cap = report["capacity"]
     ratio = cap["gang-gated"]["provisioned_to_all_bound_s"] / max(cap["gang-ungated"]["provisioned_to_all_bound_s"],
                                                                    1e-9)

@@ -129,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--hog-cores", type=int, default=1,
                     help="also serve the pod webhook beside a CPU hog of this many cores (processes that spin at "
                          "normal priority, a busy neighbour); 0: idle only (default %(default)s)")
+    pg.add_argument("--podgate-rounds", type=int, default=5,
+                    help="gang rounds, each a gang with the gate, one through the no-op webhook and one through "
+                         "neither (default %(default)s)")
     so = p.add_argument_group("soak")
     so.add_argument("--soak-minutes", type=float, default=30.0,
                     help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "

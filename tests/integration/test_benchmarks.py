@@ -198,3 +198,33 @@ def test_the_preemption_benchmark_preempts_in_one_queue_and_waits_in_the_other(t
     for title in ("Preemption: a high-priority RayJob", "high create -> every high pod Running",
                   "low's Events say Preempted", "round 1", "Targets"):
         assert title in out, f"{title!r} not printed"
+
+
+@pytest.mark.integration
+@pytest.mark.kuberay
+@pytest.mark.timeout(960)  # run_bench gives up after 900 s
+def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(tmp_path: Path) -> None:
+    from benchmarks.podgate_bench import GANG, GANG_SIDES, NAMESPACE, NOOP_NAMESPACE, ONE_BY_ONE_PODS, PLAIN_NAMESPACE
+
+    out, report = run_bench(tmp_path, "podgate", "--podgate-rounds", "1", "--warmup", "0.5", "--duration", "1")
+    cap = report["capacity"]
+    for side in GANG_SIDES:  # every gang bound whole on each side
+        assert len(cap[f"gang-{side}"]["rounds_s"]) == 1, cap[f"gang-{side}"]
+    (creates,) = report["creates_by_round"]
+    assert all(creates[k] > 0 for k in ("gated_s", "noop_s", "ungated_s")), creates
+    # Each side's pods went through its own webhook, and only through it: what the API server timed says so.
+    gangs = {side: cap[f"gang-{side}"]["apiserver_by_round"][0]["admission"] for side in GANG_SIDES}
+    assert gangs["gated"]["webhook mutate.raygate.io admit CREATE"]["calls"] >= GANG, gangs["gated"]
+    assert gangs["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] >= GANG, gangs["noop"]
+    assert not any(k.startswith("webhook mutate") for k in gangs["noop"]), gangs["noop"]
+    assert not any(k.startswith("webhook") for k in gangs["ungated"]), gangs["ungated"]
+    one_by_one = cap["one_by_one_creates"]
+    assert one_by_one[NAMESPACE]["webhook mutate.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
+    assert one_by_one[NOOP_NAMESPACE]["webhook noop.bench.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
+    assert not any(k.startswith("webhook") for k in one_by_one[PLAIN_NAMESPACE]), one_by_one[PLAIN_NAMESPACE]
+    assert {r["concurrency"] for r in report["pod_webhook"]} == {1, 8}
+    assert {r["hog_cores"] for r in report["pod_webhook"]} == {0, 1}
+    for title in ("The pod webhook (a GPU worker pod, gated)", "a no-op webhook in Go instead",
+                  "KubeRay's 32 worker creates (first -> last created), each round", "no-op / without",
+                  "What the API server timed during a round", "GPU pods created one by one", "Targets"):
+        assert title in out, f"{title!r} not printed"
