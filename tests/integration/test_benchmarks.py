@@ -1,11 +1,11 @@
 """`make bench` keeps printing what the project claims: the benchmarks run end to end, small.
 
 The burst, the side-by-side with Kueue, the end-to-end comparison on the real autoscaler, the scarce-capacity
-comparison and the preemption benchmark run as `make bench` runs them (`python -m benchmarks.run`, their own fresh
-control planes), with a handful of jobs; the soak for 2 minutes instead of 30. Nothing here judges a figure: speed
-and memory live in `make bench`. What is asserted is what a reader of its output relies on: every job was admitted,
-the tables are printed, and the JSON holds the figures they show; and for the soak, the invariants it checks (they
-are correctness, not figures) all hold.
+comparison, the preemption benchmark and the pod gate's (one gang round a side) run as `make bench` runs them
+(`python -m benchmarks.run`, their own fresh control planes), with a handful of jobs; the soak for 2 minutes
+instead of 30. Nothing here judges a figure: speed and memory live in `make bench`. What is asserted is what a
+reader of its output relies on: every job was admitted, the tables are printed, and the JSON holds the figures they
+show; and for the soak, the invariants it checks (they are correctness, not figures) all hold.
 """
 
 from __future__ import annotations
