@@ -3,6 +3,8 @@
 - The config's `failurePolicy` is written into both webhook configurations (the manifests ship
   `Fail`; an admin who sets `Ignore` in the ConfigMap expects it to take effect without editing
   cluster-scoped objects by hand).
+- The config's operators and gated resources are written into the pod gate's MutatingAdmissionPolicy
+  (raygate/core/podgate_policy.py), where the cluster serves it and the install made it.
 - The webhook certificate is renewed before it expires (`certs ensure` on a timer), unless
   cert-manager owns it (`--no-manage-certs`). The renewal loop is handed in by the `raygate`
   command: the reconciler and the certs component do not import each other.
@@ -18,10 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raygate.core import keys
-from raygate.core.api import MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+from raygate.core import keys, podgate_policy
+from raygate.core.api import MUTATING_POLICIES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
 from raygate.core.objects import meta_str
-from raygate.kube.client import JSON_PATCH, ApiError, Kube
+from raygate.core.policy import RaygateConfig
+from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 
 log = logging.getLogger("raygate.housekeeping")
@@ -67,6 +70,24 @@ def sync_failure_policy(kube: Kube, wanted: str) -> list[str]:
     return changed
 
 
+def sync_pod_gate_policy(kube: Kube, config: RaygateConfig) -> bool:
+    """Write `config` into the pod gate's policy; True when it changed. Only its matchConditions depend on the
+    config, so only they are written (a merge patch replaces the list whole). Not served (before Kubernetes
+    1.36) or not installed: nothing to do, the webhook gates every pod."""
+    wanted = podgate_policy.policy(config)["spec"]["matchConditions"]
+    try:
+        live = kube.get(MUTATING_POLICIES, podgate_policy.POLICY_NAME)
+        if (live.get("spec") or {}).get("matchConditions") == wanted:
+            return False
+        kube.patch(MUTATING_POLICIES, podgate_policy.POLICY_NAME, {"spec": {"matchConditions": wanted}},
+                   content_type=MERGE_PATCH)
+    except ApiError as err:
+        if err.not_found:
+            return False
+        raise
+    return True
+
+
 class Housekeeping:
     def __init__(self, kube: Kube, config: ConfigSource, *, renew_certificates: RenewCertificates | None,
                  period: float = 30.0) -> None:
@@ -77,7 +98,7 @@ class Housekeeping:
         self.stop_event = threading.Event()
 
     def start(self) -> Housekeeping:
-        threading.Thread(target=self._failure_policy_loop, name="failure-policy", daemon=True).start()
+        threading.Thread(target=self._config_loop, name="config-sync", daemon=True).start()
         if self.renew_certificates is not None:
             threading.Thread(target=self.renew_certificates, args=(self.stop_event,), name="certs", daemon=True).start()
         return self
@@ -85,25 +106,30 @@ class Housekeeping:
     def stop(self) -> None:
         self.stop_event.set()
 
-    def _failure_policy_loop(self) -> None:
-        synced: tuple[int, str] | None = None
-        recheck_at = 0.0
+    def _config_loop(self) -> None:
+        done: dict[str, tuple[int, float]] = {}  # what -> (config generation written, when to check it again)
         while not self.stop_event.wait(1.0):
-            wanted = self.config.config.failure_policy
-            current = (self.config.generation, wanted)
-            # At once on every config change; otherwise every `period` seconds, to undo drift.
-            if current == synced and time.monotonic() < recheck_at:
-                continue
-            recheck_at = time.monotonic() + self.period
-            try:
-                changed = sync_failure_policy(self.kube, wanted)
-            except ApiError as err:
-                log.warning("could not sync the webhook failurePolicy", extra={"error": str(err)})
-                if err.status == 403:
-                    synced = current  # not granted (e.g. the cert-manager overlay): retry on a config change only
-                    recheck_at = float("inf")
-                continue
-            if changed:
-                log.info("webhook failurePolicy set from the config",
-                         extra={"failure_policy": wanted, "configurations": changed})
-            synced = current
+            generation, config = self.config.generation, self.config.config
+            for what, sync in (("webhook failurePolicy", self._sync_failure_policy),
+                               ("pod gate policy", self._sync_policy)):
+                # At once on every config change; otherwise every `period` seconds, to undo drift.
+                written = done.get(what)
+                if written is not None and written[0] == generation and time.monotonic() < written[1]:
+                    continue
+                try:
+                    sync(config)
+                except ApiError as err:
+                    log.warning(f"could not sync the {what}", extra={"error": str(err)})
+                    if err.status == 403:  # not granted (e.g. the cert-manager overlay): on a config change only
+                        done[what] = (generation, float("inf"))
+                    continue
+                done[what] = (generation, time.monotonic() + self.period)
+
+    def _sync_failure_policy(self, config: RaygateConfig) -> None:
+        if changed := sync_failure_policy(self.kube, config.failure_policy):
+            log.info("webhook failurePolicy set from the config",
+                     extra={"failure_policy": config.failure_policy, "configurations": changed})
+
+    def _sync_policy(self, config: RaygateConfig) -> None:
+        if sync_pod_gate_policy(self.kube, config):
+            log.info("pod gate policy set from the config", extra={"policy": podgate_policy.POLICY_NAME})

@@ -40,7 +40,7 @@ CONFIG_VALID = Gauge(
 
 # Label values come from a fixed set, whatever a client sends: a series per made-up kind would
 # grow /metrics (and each worker's memory) without bound.
-KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND})
+KINDS = frozenset({keys.RAYJOB_KIND, keys.RAYCLUSTER_KIND, "Pod", "Job"})  # what the webhooks are sent
 
 
 def kind_label(kind: str) -> str:

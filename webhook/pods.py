@@ -19,9 +19,6 @@ from raygate.webhook.review import Review
 from raygate.webhook.verdict import Decision, allow, refuse
 
 POD_KIND = "Pod"
-# The booking a pod consumes, as the cluster-autoscaler reads it: raygate writes it when it lifts the gate, and
-# only then (a pod created with it, or given it later, would use capacity booked for someone else's job).
-BOOKING_ANNOTATIONS = (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
 
 
 def _subject(review: Review) -> tuple[dict[str, object], str] | str:
@@ -59,7 +56,7 @@ def mutate(review: Review) -> Decision:
     gated = books and podgate.needs_gate(pod, policy, claims, namespace)
     b = PatchBuilder(pod)
     if books:
-        for key in BOOKING_ANNOTATIONS:
+        for key in podgate.BOOKING_ANNOTATIONS:
             b.remove(("metadata", "annotations", key))
     if not gated and not _in_group(pod):
         # kueue mode (Kueue is the gate), a namespace that books nothing, or a pod that asks for no GPU
@@ -132,7 +129,7 @@ def validate(review: Review) -> Decision:
 def _stored_claims(pod: Mapping[str, Any], user: str, config: RaygateConfig) -> str | None:
     """What another mutating webhook (after raygate's) may have written in raygate's name."""
     found = _annotations(pod)
-    if any(k in found for k in BOOKING_ANNOTATIONS):
+    if any(k in found for k in podgate.BOOKING_ANNOTATIONS):
         return ("this pod would be stored naming a ProvisioningRequest it consumes: raygate writes that when it lifts "
                 "the pod's gate, and only then (remove annotation " + keys.CONSUME_ANNOTATION + ")")
     record = found.get(keys.RAY_OWNER_ANNOTATION)
@@ -149,7 +146,7 @@ def identity_changes(old: Mapping[str, Any], new: Mapping[str, Any], user: str, 
     strip or release owner references (raygate does not read them once the pod has its record)."""
     out: list[str] = []
     before, after = _annotations(old), _annotations(new)
-    for key in BOOKING_ANNOTATIONS:
+    for key in podgate.BOOKING_ANNOTATIONS:
         if before.get(key) != after.get(key):
             out.append(f"change annotation {key}")
     own = labels(old).get(keys.POD_GATE_LABEL) is not None or keys.RAY_OWNER_ANNOTATION in before

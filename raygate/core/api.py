@@ -55,6 +55,9 @@ MUTATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration",
     namespaced=False,
 )
+MUTATING_POLICIES = Resource(
+    "admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", "MutatingAdmissionPolicy", namespaced=False,
+)
 VALIDATING_WEBHOOKS = Resource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration",
     namespaced=False,

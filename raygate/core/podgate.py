@@ -135,6 +135,10 @@ def _placement(spec: Any, managed: Mapping[str, Any]) -> dict[str, Any]:
 
 ANYWHERE = digest({}, 16)
 
+# The booking a pod consumes, as the cluster-autoscaler reads it: raygate writes it when it lifts the gate, and
+# only then (a pod created with it, or given it later, would use capacity booked for someone else's job).
+BOOKING_ANNOTATIONS = (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION)
+
 
 # --- at the webhook ---------------------------------------------------------------------------------
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raygate.core import keys, pki
+from raygate.core import keys, pki, podgate_policy
 from raygate.core.errors import RaygateError
 from raygate.devenv.controlplane import ControlPlane, alive, free_port
-from raygate.devenv.registration import configurations
+from raygate.devenv.registration import configurations, pod_gate_policy
 
 DEMO_NAMESPACE = "demo"
 # What the image sets for every raygate process (Dockerfile ENV), so the local stack runs as installed.
@@ -131,7 +131,10 @@ def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, regis
     hook = LocalWebhook(f"https://127.0.0.1:{port}", ca_file)
     cp.wait_for(state, name, lambda: hook.readyz()[0] == 200, 30)
     if register:
-        for obj in registration(hook.url, ca_file.read_bytes(), failure_policy, source):
+        # This tree's pod gate also runs inside the API server (as config/pod-gate-policy installs it); another
+        # checkout's webhook is registered as that checkout registers it, and gates every pod itself.
+        policy = list(pod_gate_policy()) if source is None else []
+        for obj in [*registration(hook.url, ca_file.read_bytes(), failure_policy, source), *policy]:
             cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(obj))
     return hook
 
@@ -152,7 +155,9 @@ def reconciler_rbac(source: Path | None = None) -> tuple[Path, Path]:
 
 def unregister_webhook(cp: ControlPlane) -> None:
     for kind, config in (("mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG),
-                         ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG)):
+                         ("validatingwebhookconfiguration", keys.VALIDATING_WEBHOOK_CONFIG),
+                         ("mutatingadmissionpolicybinding", podgate_policy.POLICY_NAME),
+                         ("mutatingadmissionpolicy", podgate_policy.POLICY_NAME)):
         cp.kubectl("delete", kind, config, "--ignore-not-found", check=False)
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from raygate.core import keys
+from raygate.core import keys, podgate, podgate_policy
+from raygate.core.policy import DEFAULT_CONFIG
 
 TIMEOUT_SECONDS = 5
 # The guard always lets raygate's reconciler through, so the API server need not ask: skipping the
@@ -27,8 +28,7 @@ SKIP_RECONCILER = {
 # halves the webhook calls of each of KubeRay's pod creates (one AdmissionReview, the mutating one, instead of
 # two). What it gives up: validation also compares the pod's ray-owner record with what raygate's mutation wrote,
 # which only a mutating webhook ordered after raygate's (an admin's, as trusted as the API server) could change.
-_NAMES_A_BOOKING = " || ".join(f"'{k}' in object.metadata.annotations"
-                               for k in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION))
+_NAMES_A_BOOKING = " || ".join(f"'{k}' in object.metadata.annotations" for k in podgate.BOOKING_ANNOTATIONS)
 SKIP_GATED_POD_CREATE = {
     "name": "not-a-gated-pod-create",
     "expression": "!(request.operation == 'CREATE' && request.resource.group == '' && "
@@ -75,6 +75,11 @@ def _webhook(name: str, client_config: dict[str, Any], operations: list[str], fa
     }
 
 
+# A pod KubeRay's operator creates that arrives as the webhook would leave it (the pod gate's policy gated it,
+# raygate/core/podgate_policy.py) is not sent to /mutate: each of KubeRay's GPU pods then costs no webhook call.
+SKIP_ALREADY_GATED = podgate_policy.skip_already_gated(DEFAULT_CONFIG.ray_operator_users)
+
+
 def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tuple[dict[str, Any], dict[str, Any]]:
     """(mutating, validating) for a webhook served at `url` (https://host:port) with CA `ca_pem`."""
     ca = base64.b64encode(ca_pem).decode()
@@ -85,6 +90,7 @@ def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tup
             # UPDATE: the KubeRay operator's updates of a RayService's cluster keep raygate's hold and record.
             **_webhook("mutate.raygate.io", {"url": f"{url}/mutate", "caBundle": ca}, ["CREATE", "UPDATE"],
                        failure_policy, ["CREATE"]),
+            "matchConditions": [SKIP_ALREADY_GATED],
             "reinvocationPolicy": "Never",
         }],
     }
@@ -98,3 +104,9 @@ def configurations(url: str, ca_pem: bytes, failure_policy: str = "Fail") -> tup
         }],
     }
     return mutating, validating
+
+
+def pod_gate_policy() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod gate's MutatingAdmissionPolicy as installed (it matches no pod until the reconciler writes the
+    config into it) and its binding, for clusters that serve it (Kubernetes 1.36+)."""
+    return podgate_policy.policy(None), podgate_policy.binding(namespace_selector())

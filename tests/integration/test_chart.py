@@ -122,15 +122,21 @@ def test_lint(bundle: Bundle, helm_env: dict[str, str], values: list[str]) -> No
     assert "1 chart(s) linted, 0 chart(s) failed" in out, out
 
 
-@pytest.mark.parametrize(("overlay", "values"),
-                         [("default", []), ("cert-manager", ["--set", "certManager.enabled=true"])])
+POLICY_SERVED = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+
+
+@pytest.mark.parametrize(("overlays", "values"),
+                         [(["default"], []), (["cert-manager"], ["--set", "certManager.enabled=true"]),
+                          (["default", "pod-gate-policy"], POLICY_SERVED)],
+                         ids=["default", "cert-manager", "kubernetes-1.36"])
 def test_template_renders_the_kustomize_objects(
-    bundle: Bundle, helm_env: dict[str, str], overlay: str, values: list[str]
+    bundle: Bundle, helm_env: dict[str, str], overlays: list[str], values: list[str]
 ) -> None:
     """One source of truth: the chart's default output is config/<overlay>, object for object (the
-    Namespace aside: Helm keeps its release record in it, so it is created before the install)."""
-    theirs = [o for o in kustomize(bundle, overlay) if o["kind"] != "Namespace"]
-    assert_same(by_key(template(bundle, helm_env, *values)), by_key(theirs), overlay)
+    Namespace aside: Helm keeps its release record in it, so it is created before the install); where the
+    cluster serves MutatingAdmissionPolicy, with config/pod-gate-policy too."""
+    theirs = [o for overlay in overlays for o in kustomize(bundle, overlay) if o["kind"] != "Namespace"]
+    assert_same(by_key(template(bundle, helm_env, *values)), by_key(theirs), " + ".join(overlays))
 
 
 def test_template_refuses_another_namespace(bundle: Bundle, helm_env: dict[str, str]) -> None:
@@ -234,7 +240,8 @@ def _live(cluster: ControlPlane, objs: list[Key]) -> dict[Key, Obj]:
     for kind, name in objs:
         args = ["get", kind, name, "-o", "json"]
         if kind not in ("ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                        "ValidatingWebhookConfiguration", "Namespace"):
+                        "ValidatingWebhookConfiguration", "MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding",
+                        "Namespace"):
             args += ["-n", NS]
         out[(kind, name)] = normalize(json.loads(cluster.kubectl(*args)))
     return out
@@ -254,11 +261,15 @@ def _namespace_absent(cluster: ControlPlane) -> bool:
     return not cluster.kubectl("get", "namespace", NS, "--ignore-not-found", "-o", "name").strip()
 
 
+INSTALL = ("default", "pod-gate-policy")  # what the README installs on a cluster that serves the policy
+
+
 @pytest.fixture(scope="module")
 def clean_slate(cluster: ControlPlane) -> Iterator[None]:
     """No raygate objects before (other modules' local runs leave RBAC and the namespace behind) or after."""
     def clean() -> None:
-        cluster.kubectl("delete", "-k", str(CONFIG / "default"), "--ignore-not-found", "--wait=false")
+        for overlay in INSTALL:
+            cluster.kubectl("delete", "-k", str(CONFIG / overlay), "--ignore-not-found", "--wait=false")
         wait(lambda: _namespace_absent(cluster), 120, f"namespace {NS} to be deleted")
 
     clean()
@@ -270,13 +281,16 @@ def clean_slate(cluster: ControlPlane) -> Iterator[None]:
 def test_install_creates_what_kustomize_creates_and_uninstall_removes_it(
     cluster: ControlPlane, bundle: Bundle, helm_env: dict[str, str]
 ) -> None:
-    expected = [key(o) for o in kustomize(bundle, "default")]
+    expected = [key(o) for overlay in INSTALL for o in kustomize(bundle, overlay)]
     chart_objs = [k for k in expected if k[0] != "Namespace"]
 
-    # kubectl apply -k config/default, for real, as the reference.
-    cluster.kubectl("apply", "-k", str(CONFIG / "default"))
+    # kubectl apply -k config/default and config/pod-gate-policy (the control plane is 1.36), for real, as the
+    # reference.
+    for overlay in INSTALL:
+        cluster.kubectl("apply", "-k", str(CONFIG / overlay))
     reference = _live(cluster, chart_objs)
-    cluster.kubectl("delete", "-k", str(CONFIG / "default"), "--wait=false")
+    for overlay in reversed(INSTALL):
+        cluster.kubectl("delete", "-k", str(CONFIG / overlay), "--wait=false")
     wait(lambda: _namespace_absent(cluster), 120, f"namespace {NS} to be deleted after kubectl delete -k")
 
     # The README's Helm install: the namespace first (with its pod-security labels), then the chart.

@@ -18,24 +18,28 @@ states. (No scheduler runs here, so no pod binds; an ungated pod is one that cou
 from __future__ import annotations
 
 import json
+import ssl
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
 from builders import RayCluster, RayJob, worker_group
 from raystack import delete_ray_objects
 from waiting import consistently, wait
 
-from raygate.core import keys
+from raygate.core import keys, podgate_policy
 from raygate.core.api import (
     EVENTS,
     LEASES,
+    MUTATING_POLICIES,
     PODGROUPS,
     PODS,
     PODTEMPLATES,
@@ -54,7 +58,7 @@ from raygate.reconciler.pods import JOBS
 pytestmark = pytest.mark.integration
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"gate-{k}-{SUFFIX}" for k in ("main", "failed", "switch", "vswitch", "before")}
+NS = {k: f"gate-{k}-{SUFFIX}" for k in ("main", "failed", "switch", "vswitch", "before", "kueue")}
 QUEUE = f"gate-queue-{SUFFIX}"
 PR = _provisioning_requests("v1")
 USER = "alice"
@@ -75,6 +79,7 @@ def config(switched: bool = False) -> dict[str, Any]:
             NS["failed"]: {"retry": {"limit": 0}},
             NS["switch"]: {"mode": "kueue", "queueName": "q"} if switched else {},
             NS["vswitch"]: {} if switched else {"mode": "volcano", "queueName": QUEUE},
+            NS["kueue"]: {"mode": "kueue", "queueName": "q"},
         },
     }
 
@@ -668,13 +673,109 @@ def test_a_user_with_edit_on_pods_cannot_edit_a_ray_pods_identity_away(env: Env)
     assert_gate_holds(env, ns)
 
 
-@pytest.mark.parametrize("claim", ["owner-reference", "ray-labels", "unreadable-and-owned"])
+def _pod_reviews(env: Env) -> float:
+    """Pod creates raygate's webhook has answered (its /metrics, every outcome)."""
+    ctx = ssl.create_default_context(cafile=str(env.webhook.ca_file))
+    with urllib.request.urlopen(f"{env.webhook.url}/metrics", context=ctx, timeout=5) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("raygate_webhook_reviews_total{") and 'endpoint="mutate"' in line
+               and 'kind="Pod"' in line)
+
+
+def test_kuberays_gpu_pods_are_gated_inside_the_api_server_without_a_webhook_call(env: Env) -> None:
+    """Kubernetes 1.36: the pod gate's MutatingAdmissionPolicy gates KubeRay's GPU pods and records whose they are,
+    as the webhook would, and the API server does not call the webhook for them. Where the namespace's mode does not
+    gate pods, it gates none; the pods it gated are released against their booking like any."""
+    ns, name = NS["main"], "in-the-api-server"
+    wait(lambda: OPERATOR in json.dumps(env.kube.get(MUTATING_POLICIES, podgate_policy.POLICY_NAME)["spec"]), 30,
+         "the reconciler to write the config into the pod gate's policy")
+    before = _pod_reviews(env)
+    obj = scaled_up(env, name, 1, 3)  # 1 worker booked and released, 2 more waiting gated for their own booking
+    wait(lambda: len(pods_of(env, ns, name, gpu_only=False)) == 4, 30, "the head pod")
+    for pod in pods_of(env, ns, name):
+        assert annotations(pod)[keys.RAY_OWNER_ANNOTATION] == f"RayCluster/{name}/{obj['metadata']['uid']}/gpu"
+    assert _pod_reviews(env) - before == 1, "only the head pod (no GPU) goes through the webhook"
+    # The same pod in a kueue-mode namespace (Kueue is the gate there) is not gated.
+    pod = _kuberay_pod(NS["kueue"], {"name": "c", "image": "ray", "resources": GPU})
+    made = json.loads(env.as_user(OPERATOR, "create", "-n", NS["kueue"], "--dry-run=server", "-o", "json", "-f", "-",
+                                  input_obj=pod).stdout)
+    assert not gated(made) and keys.RAY_OWNER_ANNOTATION not in annotations(made)
+    wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "the scale-up's request")
+    provision_scale_ups(env, ns, obj)
+    wait_gated(env, ns, name, 0, 3)
+    assert_gate_holds(env, ns)
+
+
+def _kuberay_pod(ns: str, *containers: JSON, group_label: str | None = "gpu", owner: str = "RayCluster",
+                 **spec: Any) -> JSON:
+    meta: JSON = {"name": "w", "namespace": ns, "ownerReferences": [
+        {"apiVersion": "ray.io/v1", "kind": owner, "name": "c", "uid": "u1", "controller": True}]}
+    if group_label is not None:
+        meta["labels"] = {keys.RAY_GROUP_LABEL: group_label}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": list(containers), **spec}}
+
+
+def _gate_view(pod: JSON) -> tuple[list[str], str | None, dict[str, str]]:
+    """The gates, the gate label and raygate's and the autoscaler's annotations."""
+    return ([g["name"] for g in pod["spec"].get("schedulingGates") or []], labels(pod).get(keys.POD_GATE_LABEL),
+            {k: v for k, v in annotations(pod).items() if k.startswith((keys.DOMAIN, "autoscaling.x-k8s.io/"))})
+
+
+def test_the_pod_gates_policy_decides_as_the_webhook_does(env: Env) -> None:
+    """The same pods KubeRay's operator could create, through the real API server (the policy, then the webhook
+    where the policy left them) and through the webhook's own decision in Python: gated, labelled and recorded
+    alike, or left alike."""
+    from builders import container
+    from builders import request as review_request
+
+    from raygate.core.policy import parse_fields
+    from raygate.webhook.decision import mutate
+
+    main, kueue = NS["main"], NS["kueue"]
+    wait(lambda: OPERATOR in json.dumps(env.kube.get(MUTATING_POLICIES, podgate_policy.POLICY_NAME)["spec"]), 30,
+         "the reconciler to write the config into the pod gate's policy")
+    gpu, cpu = {"nvidia.com/gpu": "1"}, {"cpu": "1"}
+    pods = {
+        "gpu-in-limits": _kuberay_pod(main, container("w", limits=gpu)),
+        "gpu-in-requests": _kuberay_pod(main, container("w", requests=gpu, limits=gpu)),
+        "gpu-in-an-init-container": _kuberay_pod(main, container("w", requests=cpu),
+                                                 initContainers=[container("i", limits=gpu)]),
+        "gpu-in-a-sidecar": _kuberay_pod(main, container("w", requests=cpu), initContainers=[
+            container("s", limits=gpu, restart_policy="Always")]),
+        "mig-slice": _kuberay_pod(main, container("w", limits={"nvidia.com/mig-1g.5gb": "1"})),
+        "zero-gpus": _kuberay_pod(main, container("w", limits={"nvidia.com/gpu": "0"})),
+        "cpu-only": _kuberay_pod(main, container("w", requests=cpu)),
+        "head": _kuberay_pod(main, container("w", limits=gpu), group_label="headgroup"),
+        "submitter": _kuberay_pod(main, container("w", limits=gpu), group_label=None, owner="RayJob"),
+        "another-gate": _kuberay_pod(main, container("w", limits=gpu), schedulingGates=[{"name": "example.com/q"}]),
+        "kueue-mode": _kuberay_pod(kueue, container("w", limits=gpu)),
+    }
+    # An admitted job's pod templates name its booking (raygate marks them so when it unsuspends the job): the
+    # booking comes off at create, and is written when the gate is lifted.
+    pods["names-its-booking"] = _kuberay_pod(main, container("w", limits=gpu))
+    pods["names-its-booking"]["metadata"]["annotations"] = {keys.CONSUME_ANNOTATION: "c-1",
+                                                            keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS}
+    cfg = parse_fields(yaml.safe_dump(config()))
+    for case, pod in pods.items():
+        ns = pod["metadata"]["namespace"]
+        stored = json.loads(env.as_user(OPERATOR, "create", "-n", ns, "--dry-run=server", "-o", "json", "-f", "-",
+                                        input_obj=pod).stdout)
+        decision = mutate(review_request(pod, user=OPERATOR, namespace=ns), {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE},
+                          cfg)
+        assert decision.allowed, (case, decision.message)
+        decided = jsonpatch.apply_patch(pod, decision.patch)
+        assert _gate_view(stored) == _gate_view(decided), case
+
+
+@pytest.mark.parametrize("claim", ["owner-reference", "ray-labels", "unreadable-and-owned",
+                                   "gated-as-kuberays"])
 def test_a_pod_a_user_creates_to_claim_another_users_ray_object_is_refused(env: Env, claim: str) -> None:
     ns, victim = NS["main"], f"victim-{claim}"
     obj = env.create(ns, raycluster(victim, group("gpu", 1, GPU)))
     pod: JSON = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"claims-{claim}"},
                  "spec": {"containers": [{"name": "c", "image": "ray", "resources": GPU}]}}
-    if claim in ("owner-reference", "unreadable-and-owned"):
+    if claim in ("owner-reference", "unreadable-and-owned", "gated-as-kuberays"):
         pod["metadata"]["ownerReferences"] = [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": victim,
                                                "uid": obj["metadata"]["uid"], "controller": True}]
     if claim == "ray-labels":
@@ -682,6 +783,11 @@ def test_a_pod_a_user_creates_to_claim_another_users_ray_object_is_refused(env: 
                                      keys.RAY_NODE_TYPE_LABEL: "worker"}
     if claim == "unreadable-and-owned":
         pod["spec"]["containers"][0]["resources"] = {"limits": {**GPU["limits"], "memory": "100E"}}
+    if claim == "gated-as-kuberays":  # as the pod gate's policy leaves KubeRay's pods: the webhook still asks who
+        pod["metadata"]["labels"] = {keys.POD_GATE_LABEL: keys.POD_GATED}
+        pod["metadata"]["annotations"] = {keys.RAY_OWNER_ANNOTATION: f"RayCluster/{victim}/{obj['metadata']['uid']}/"
+                                                                     f"{keys.SUBMITTER_TASK}"}
+        pod["spec"]["schedulingGates"] = [{"name": keys.CAPACITY_GATE}]
     env.refused("create", "-n", ns, "-f", "-", input_obj=pod, user=POD_EDITOR,
                 says="only KubeRay makes a Ray cluster's pods")
     admit(env, ns, "RayCluster", victim)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raygate.core import keys
+from raygate.core import keys, podgate_policy
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 
@@ -372,12 +372,12 @@ def system_namespace(cluster: ControlPlane) -> Iterator[str]:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
-@pytest.mark.parametrize("overlay", ["default", "cert-manager"])
+@pytest.mark.parametrize("overlay", ["default", "cert-manager", "pod-gate-policy"])
 def test_server_dry_run(cluster: ControlPlane, bundle: Bundle, system_namespace: str, overlay: str) -> None:
-    """The API server accepts every object (schema, webhook and RBAC validation), and a dry run
-    persists nothing."""
+    """The API server accepts every object (schema, webhook and RBAC validation; the pod gate's CEL compiles), and a
+    dry run persists nothing."""
     objs = render(bundle, overlay)
-    if overlay == "default":
+    if overlay in ("default", "pod-gate-policy"):
         out = cluster.kubectl("apply", "-k", str(CONFIG / overlay), "--dry-run=server")
     else:
         # No cert-manager CRDs in the test cluster: dry-run everything else the overlay changes.
@@ -386,6 +386,7 @@ def test_server_dry_run(cluster: ControlPlane, bundle: Bundle, system_namespace:
     applied = [ln for ln in out.splitlines() if ln.endswith("(server dry run)")]
     assert len(applied) == len(objs), out
     assert not _exists(cluster, "mutatingwebhookconfiguration", keys.MUTATING_WEBHOOK_CONFIG)
+    assert not _exists(cluster, "mutatingadmissionpolicy", podgate_policy.POLICY_NAME)
     assert not _exists(cluster, "deployment", "raygate-webhook", "-n", system_namespace)
 
 
@@ -410,6 +411,8 @@ ALL = "*"  # every namespace (--all-namespaces)
 TLS = f"secrets/{keys.TLS_SECRET}"
 MWC = f"mutatingwebhookconfigurations.admissionregistration.k8s.io/{keys.MUTATING_WEBHOOK_CONFIG}"
 VWC = f"validatingwebhookconfigurations.admissionregistration.k8s.io/{keys.VALIDATING_WEBHOOK_CONFIG}"
+MAP = "mutatingadmissionpolicies.admissionregistration.k8s.io"
+MAP_BINDINGS = "mutatingadmissionpolicybindings.admissionregistration.k8s.io"
 LEASES = "leases.coordination.k8s.io"
 RAYJOBS = "rayjobs.ray.io"
 RAYCLUSTERS = "rayclusters.ray.io"
@@ -458,6 +461,7 @@ ALLOWED: list[Case] = [
     *_cases((RC,), "get patch", ("pods",), ML),
     *_cases((RC,), "patch", ("provisioningrequests.autoscaling.x-k8s.io/status",), ML),  # a booking consumed
     *_cases((RC,), "get", ("jobs.batch",), ML),  # a pod of a Job from before raygate stamped Jobs
+    *_cases((RC,), "get patch", (f"{MAP}/raygate-pod-gate",), CLUSTER),  # the config, into the pod gate's policy
 ]
 
 DENIED: list[Case] = [
@@ -476,6 +480,11 @@ DENIED: list[Case] = [
                             "validatingwebhookconfigurations.admissionregistration.k8s.io/other-webhook"), CLUSTER),
     *_cases(BOTH, "create", ("mutatingwebhookconfigurations.admissionregistration.k8s.io",), CLUSTER),
     *_cases(BOTH, "delete", (MWC, VWC), CLUSTER),
+    # The pod gate's policy: only raygate's own, never created, deleted or rebound (its binding says where it acts).
+    *_cases(BOTH, "create", (MAP, MAP_BINDINGS), CLUSTER),
+    *_cases(BOTH, "patch update delete", (f"{MAP}/another-policy", f"{MAP_BINDINGS}/raygate-pod-gate"), CLUSTER),
+    *_cases(BOTH, "delete update", (f"{MAP}/raygate-pod-gate",), CLUSTER),
+    *_cases((WH,), "patch", (f"{MAP}/raygate-pod-gate",), CLUSTER),
     *_cases(BOTH, "create delete update", ("pods",), ML),
     *_cases((WH,), "patch", ("pods",), ML),
     *_cases(BOTH, "create update patch delete", ("jobs.batch",), ML),

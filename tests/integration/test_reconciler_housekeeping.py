@@ -1,6 +1,6 @@
 """The reconciler's cluster-wide chores on the real API server: the ConfigMap's failurePolicy reaches the
-webhook configurations, and the webhook certificate is issued and trusted without anyone running
-`raygate certs ensure` by hand."""
+webhook configurations, its operators and gated resources reach the pod gate's policy, and the webhook
+certificate is issued and trusted without anyone running `raygate certs ensure` by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 from cryptography import x509
 from waiting import wait
 
-from raygate.core import keys
+from raygate.core import keys, podgate_policy
+from raygate.core.policy import parse_fields
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import start_reconciler, start_webhook, stop_webhook
 from raygate.devenv.registration import configurations
@@ -52,6 +53,21 @@ def test_failure_policy_follows_the_config(raygate: ControlPlane) -> None:
     # And back, on the next config version.
     _set_config(raygate, "failurePolicy: Fail\n")
     wait(lambda: _policies(raygate) == ["Fail", "Fail"], 20, "failurePolicy Fail in both configurations")
+
+
+def test_the_pod_gate_policy_follows_the_config(raygate: ControlPlane) -> None:
+    """Installed, the policy matches no pod; the reconciler writes the config's operators and each namespace's
+    gated resources into it, and writes them again when the config changes."""
+    def conditions() -> list[dict[str, str]]:
+        policy = json.loads(raygate.kubectl("get", "mutatingadmissionpolicy", podgate_policy.POLICY_NAME, "-o", "json"))
+        return list(policy["spec"]["matchConditions"])
+
+    for text in ("defaults: {mode: provisioning}\n",
+                 "rayOperatorUsers: [system:serviceaccount:ops:my-kuberay]\n"
+                 "namespaces: {team-b: {provisioning: {enabled: false}}}\n"):
+        _set_config(raygate, text)
+        wanted = podgate_policy.policy(parse_fields(text))["spec"]["matchConditions"]
+        wait(lambda: conditions() == wanted, 20, f"the policy to match the config {text!r}")  # noqa: B023
 
 
 def _clear_certs(cluster: ControlPlane) -> None:

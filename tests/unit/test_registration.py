@@ -15,6 +15,7 @@ from raygate.core.policy import PROTECTED_NAMESPACES
 from raygate.devenv.registration import SKIP_GATED_POD_CREATE, configurations
 
 MANIFEST = Path(__file__).resolve().parents[2] / "config" / "base" / "webhook-configurations.yaml"
+POLICY_MANIFEST = MANIFEST.parents[1] / "pod-gate-policy" / "pod-gate-policy.yaml"
 
 
 def _without_client_config(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -102,3 +103,13 @@ def test_a_pod_create_the_api_server_does_not_send_is_one_validate_allows(pod: d
     if skipped:
         d = validate(request(pod), {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}, config(mode=mode))
         assert d.allowed, d.message
+
+
+def test_the_pod_gate_policy_manifest_is_the_policy_as_installed() -> None:
+    """config/pod-gate-policy ships the policy that matches no pod until the reconciler writes the config in."""
+    from raygate.devenv.registration import pod_gate_policy
+
+    shipped = [d for d in yaml.safe_load_all(POLICY_MANIFEST.read_text()) if d]
+    assert shipped == list(pod_gate_policy())
+    operators = next(c for c in shipped[0]["spec"]["matchConditions"] if c["name"] == "by-kuberay-operator")
+    assert operators["expression"].endswith("in []")
