@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate.core import keys, podgate
+from raygate.core import keys, podgate, podgate_policy
 from raygate.core.errors import RaygateError
 from raygate.core.keys import ChildKind
 from raygate.core.modes import ObjectRules, admitted_elsewhere, for_object
@@ -191,11 +191,14 @@ def job_release_ops(obj: Mapping[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, now: dt.datetime) -> list[str]:
-    """Why raygate still looks installed; empty when release may go ahead."""
+def blockers(mutating: bool, validating: bool, lease: Mapping[str, Any] | None, now: dt.datetime, *,
+             policy: bool = False) -> list[str]:
+    """Why raygate still looks installed; empty when release may go ahead. (`policy`: the pod gate's policy is
+    there, which gates KubeRay's GPU pods with nobody left to lift the gate.)"""
     out = [f"{kind} {name} is registered" for present, kind, name in (
         (mutating, "MutatingWebhookConfiguration", keys.MUTATING_WEBHOOK_CONFIG),
-        (validating, "ValidatingWebhookConfiguration", keys.VALIDATING_WEBHOOK_CONFIG)) if present]
+        (validating, "ValidatingWebhookConfiguration", keys.VALIDATING_WEBHOOK_CONFIG),
+        (policy, "MutatingAdmissionPolicy", podgate_policy.POLICY_NAME)) if present]
     spec = (lease or {}).get("spec") or {}
     holder = spec.get("holderIdentity")
     renewed = parse_time(spec.get("renewTime"))
@@ -238,7 +241,7 @@ def child_resources(kube: Kube) -> dict[ChildKind, Resource]:
 
 
 def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
-    from raygate.core.api import LEASES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
+    from raygate.core.api import LEASES, MUTATING_POLICIES, MUTATING_WEBHOOKS, VALIDATING_WEBHOOKS
     from raygate.kube.client import ApiError
 
     def exists(res: Resource, name: str, namespace: str | None = None) -> JSON | None:
@@ -251,15 +254,17 @@ def check_uninstalled(kube: Kube, now: dt.datetime | None = None) -> None:
 
     found = blockers(exists(MUTATING_WEBHOOKS, keys.MUTATING_WEBHOOK_CONFIG) is not None,
                      exists(VALIDATING_WEBHOOKS, keys.VALIDATING_WEBHOOK_CONFIG) is not None,
-                     exists(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE), now or dt.datetime.now(dt.UTC))
+                     exists(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE), now or dt.datetime.now(dt.UTC),
+                     policy=exists(MUTATING_POLICIES, podgate_policy.POLICY_NAME) is not None)
     if found:
         raise RaygateError(
             "raygate is still installed (" + "; ".join(found) + "): its reconciler admits held jobs as their "
             "capacity comes, and its webhook refuses to unsuspend them. Uninstall raygate first (helm uninstall "
-            f"raygate -n {keys.SYSTEM_NAMESPACE}, or kubectl delete -k config/default). If raygate is gone and "
-            f"only its registrations were left behind, delete them: kubectl delete mutatingwebhookconfiguration "
-            f"{keys.MUTATING_WEBHOOK_CONFIG}; kubectl delete validatingwebhookconfiguration "
-            f"{keys.VALIDATING_WEBHOOK_CONFIG}"
+            f"raygate -n {keys.SYSTEM_NAMESPACE}, or kubectl delete -k config/default and -k config/pod-gate-policy). "
+            "If raygate is gone and only its registrations were left behind, delete them: kubectl delete "
+            f"mutatingwebhookconfiguration {keys.MUTATING_WEBHOOK_CONFIG}; kubectl delete "
+            f"validatingwebhookconfiguration {keys.VALIDATING_WEBHOOK_CONFIG}; kubectl delete "
+            f"mutatingadmissionpolicy,mutatingadmissionpolicybinding {podgate_policy.POLICY_NAME}"
         )
 
 

@@ -119,19 +119,22 @@ def lease(holder: str | None, renewed_ago: float, duration: int = 15) -> dict[st
     return {"spec": {"holderIdentity": holder, "renewTime": renew, "leaseDurationSeconds": duration}}
 
 
-@pytest.mark.parametrize(("mutating", "validating", "the_lease", "expected"), [
-    pytest.param(False, False, None, [], id="uninstalled"),
-    pytest.param(True, False, None, [f"MutatingWebhookConfiguration {keys.MUTATING_WEBHOOK_CONFIG} is registered"],
-                 id="mutating-left"),
-    pytest.param(False, True, None,
+@pytest.mark.parametrize(("mutating", "validating", "policy", "the_lease", "expected"), [
+    pytest.param(False, False, False, None, [], id="uninstalled"),
+    pytest.param(True, False, False, None,
+                 [f"MutatingWebhookConfiguration {keys.MUTATING_WEBHOOK_CONFIG} is registered"], id="mutating-left"),
+    pytest.param(False, True, False, None,
                  [f"ValidatingWebhookConfiguration {keys.VALIDATING_WEBHOOK_CONFIG} is registered"],
                  id="validating-left"),
-    pytest.param(False, False, lease("r1", 3), ["reconciler r1 holds Lease"], id="live-reconciler"),
-    pytest.param(False, False, lease("r1", 16), [], id="expired-lease"),
-    pytest.param(False, False, lease(None, 1, 1), [], id="released-lease"),
+    pytest.param(False, False, True, None, ["MutatingAdmissionPolicy raygate-pod-gate is registered"],
+                 id="pod-gate-policy-left"),
+    pytest.param(False, False, False, lease("r1", 3), ["reconciler r1 holds Lease"], id="live-reconciler"),
+    pytest.param(False, False, False, lease("r1", 16), [], id="expired-lease"),
+    pytest.param(False, False, False, lease(None, 1, 1), [], id="released-lease"),
 ])
-def test_blockers(mutating: bool, validating: bool, the_lease: dict[str, Any] | None, expected: list[str]) -> None:
-    found = blockers(mutating, validating, the_lease, NOW)
+def test_blockers(mutating: bool, validating: bool, policy: bool, the_lease: dict[str, Any] | None,
+                  expected: list[str]) -> None:
+    found = blockers(mutating, validating, the_lease, NOW, policy=policy)
     assert len(found) == len(expected)
     for text, start in zip(found, expected, strict=True):
         assert text.startswith(start), text
