@@ -4,13 +4,14 @@ the gate and without it, and a scale-up's pods from creation to bound on the rea
 1. Pod reviews served over TLS (the shipped webhook, one worker x 4 threads): a CREATE of a GPU worker pod
    as KubeRay makes it, which the webhook gates, at concurrency 1 and 8. Target p99 <= 5 ms at 8.
 2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
-   the moment its request is Provisioned to every worker bound, once with the pod gate and once without
-   it (the pod rules taken out of raygate's webhook registrations, so pods are not gated: raygate as it
-   was before the gate), and once with the pods sent instead to a webhook in Go that only adds a label
-   (benchmarks/noop_webhook: what any webhook costs), in rotating rounds. Target: the median with the gate
-   within 20% of without. Then what a webhook call costs the API server itself: 40 GPU pods created one
-   after another on the same stack once no Ray object is left, sent to raygate's webhook, to the no-op one,
-   and to none.
+   the moment its request is Provisioned to every worker bound, in rotating rounds on four sides (GANG_SIDES):
+   the pod gate as installed on Kubernetes 1.36 (its MutatingAdmissionPolicy gates KubeRay's pods inside the
+   API server, raygate/core/podgate_policy.py); raygate's webhook alone gating them (the policy unbound: as
+   on clusters before 1.36); the pods sent instead to a webhook in Go that only adds a label
+   (benchmarks/noop_webhook: what any webhook costs); and neither (raygate's pod rules taken out: raygate as
+   it was before the gate). Target: the median with the gate within 20% of without. Then what a webhook call
+   costs the API server itself: 40 GPU pods created one after another on the same stack once no Ray object
+   is left, sent to raygate's webhook, to the no-op one, and to none.
 3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: from the replicas
    patch and from the new pods' creation to all bound, with the real cluster-autoscaler adding the node for
    their scale-up request.
@@ -126,8 +127,17 @@ def raycluster(name: str, namespace: str, workers: int, *, autoscaling: bool = F
                                                "resources": {"requests": worker, "limits": worker}}]}}}]}}
 
 
-def _pod_rules(cp: Any, on: bool) -> None:
-    """With `on` False, raygate as it was before the gate: its webhook registrations without the rules for pods."""
+def _pod_rules(cp: Any, side: str) -> None:
+    """raygate's pod gate as `side` has it: its webhook's rules for pods (not on the no-op and ungated sides, raygate
+    as it was before the gate), and its policy's binding (the gated side only)."""
+    from raygate.devenv.registration import pod_gate_policy
+
+    on = side in ("gated", "webhook")
+    binding = pod_gate_policy()[1]
+    if side == "gated":
+        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(binding))
+    else:
+        cp.kubectl("delete", "mutatingadmissionpolicybinding", binding["metadata"]["name"], "--ignore-not-found")
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         name = keys.MUTATING_WEBHOOK_CONFIG if kind.startswith("mutating") else keys.VALIDATING_WEBHOOK_CONFIG
         obj = json.loads(cp.kubectl("get", kind, name, "-o", "json"))
@@ -368,7 +378,11 @@ class Connections:
         return len(self.seen - self.before)
 
 
-GANG_SIDES = ("gated", "noop", "ungated")  # raygate's pod gate; a no-op webhook in Go instead; no webhook at all
+# raygate's pod gate as installed on 1.36 (its policy, then its webhook where the policy leaves a pod); its webhook
+# alone; a no-op webhook in Go instead; neither.
+GANG_SIDES = ("gated", "webhook", "noop", "ungated")
+SIDE_LABELS = {"gated": "the pod gate", "webhook": "raygate's webhook alone", "noop": "a no-op webhook in Go",
+               "ungated": "neither"}
 
 
 def on_capacity(timeout: float, rounds: int) -> dict[str, Any]:
@@ -425,7 +439,7 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
     watch = GangWatch(kube, GANG_NAMESPACE)
     for i in range(rounds):
         for side in GANG_SIDES:
-            _pod_rules(cp, side == "gated")
+            _pod_rules(cp, side)
             if side == "noop":
                 noop.route(GANG_NAMESPACE)
             name = f"gang-{side}-{i}"
@@ -449,7 +463,7 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
             kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
             until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
     watch.stop()
-    _pod_rules(cp, True)  # raygate as installed again
+    _pod_rules(cp, "gated")  # raygate as installed again
     return {f"gang-{side}": {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
                              "phases_s": {label: statistics.median(r[label] for r in phases[side])
                                           for label, _, _ in GANG_PHASES},
@@ -461,12 +475,16 @@ CREATES = "first -> last worker created (KubeRay)"
 
 
 def creates_by_round(cap: dict[str, Any]) -> list[dict[str, float]]:
-    """KubeRay's 32 worker creates of each round on each side, and the gated and no-op sides' ratios to none."""
+    """KubeRay's 32 worker creates of each round on each side (`<side>_s`), and each side's ratio to neither's
+    (`<side>_ratio`; `ratio`: the gate's)."""
     out = []
-    for gated, noop, ungated in zip(*(cap[f"gang-{side}"]["phases_by_round_s"] for side in GANG_SIDES), strict=False):
-        out.append({"gated_s": gated[CREATES], "noop_s": noop[CREATES], "ungated_s": ungated[CREATES],
-                    "ratio": round(gated[CREATES] / max(ungated[CREATES], 1e-9), 2),
-                    "noop_ratio": round(noop[CREATES] / max(ungated[CREATES], 1e-9), 2)})
+    for by_side in zip(*(cap[f"gang-{side}"]["phases_by_round_s"] for side in GANG_SIDES), strict=False):
+        seconds = {side: phases[CREATES] for side, phases in zip(GANG_SIDES, by_side, strict=True)}
+        row: dict[str, float] = {f"{side}_s": v for side, v in seconds.items()}
+        row.update({f"{side}_ratio": round(seconds[side] / max(seconds["ungated"], 1e-9), 2)
+                    for side in GANG_SIDES if side != "ungated"})
+        row["ratio"] = row["gated_ratio"]
+        out.append(row)
     return out
 
 
@@ -505,23 +523,25 @@ def main(args: argparse.Namespace) -> int:
         return [", ".join(f"{s:.2f}" for s in cap[f"gang-{side}"]["rounds_s"]),
                 cap[f"gang-{side}"]["provisioned_to_all_bound_s"]]
 
-    noop_ratio = cap["gang-noop"]["provisioned_to_all_bound_s"] / max(
-        cap["gang-ungated"]["provisioned_to_all_bound_s"], 1e-9)
+    def over_ungated(side: str) -> float:
+        return float(cap[f"gang-{side}"]["provisioned_to_all_bound_s"]) / max(
+            float(cap["gang-ungated"]["provisioned_to_all_bound_s"]), 1e-9)
+
     print(common.table(["", "rounds (s)", "median / seconds"], [
-        [f"{GANG}-pod gang, Provisioned -> every worker bound, with the pod gate", *gang("gated")],
-        [f"{GANG}-pod gang, Provisioned -> every worker bound, a no-op webhook in Go instead", *gang("noop")],
-        [f"{GANG}-pod gang, Provisioned -> every worker bound, without either", *gang("ungated")],
-        ["the gang ratio, with / without (medians)", "", f"{ratio:.2f}x"],
-        ["the gang ratio, the no-op webhook / without (medians)", "", f"{noop_ratio:.2f}x"],
+        *([f"{GANG}-pod gang, Provisioned -> every worker bound, {SIDE_LABELS[side]}", *gang(side)]
+          for side in GANG_SIDES),
+        *([f"the gang ratio, {SIDE_LABELS[side]} / neither (medians)", "", f"{over_ungated(side):.2f}x"]
+          for side in GANG_SIDES if side != "ungated"),
         [f"scale-up of {SCALE_UP} workers, replicas patched -> all bound (real autoscaler adds the node)", "",
          cap["scale_up"]["patched_to_bound_s"]],
         [f"scale-up of {SCALE_UP} workers, pods created -> all bound", "", cap["scale_up"]["created_to_bound_s"]],
     ], f"On real capacity ({cap['layout']})"))
-    print(common.table(["round", "with the gate (s)", "no-op webhook (s)", "without (s)", "gate / without",
-                        "no-op / without"], [
-        [str(i + 1), r["gated_s"], r["noop_s"], r["ungated_s"], f"{r['ratio']:.2f}x", f"{r['noop_ratio']:.2f}x"]
+    gated_sides = [side for side in GANG_SIDES if side != "ungated"]
+    print(common.table(["round", *(f"{SIDE_LABELS[side]} (s)" for side in GANG_SIDES),
+                        *(f"{side} / neither" for side in gated_sides)], [
+        [str(i + 1), *(r[f"{side}_s"] for side in GANG_SIDES), *(f"{r[f'{side}_ratio']:.2f}x" for side in gated_sides)]
         for i, r in enumerate(creates)], f"KubeRay's {GANG} worker creates (first -> last created), each round"))
-    print(common.table(["", "with the pod gate", "no-op webhook", "without"], [
+    print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [label, *(cap[f"gang-{side}"]["phases_s"][label] for side in GANG_SIDES)]
         for label, _, _ in GANG_PHASES], f"Where a {GANG}-pod gang's time goes (seconds, median of the rounds)"))
     calls = {side: _webhook_calls(cap[f"gang-{side}"]["apiserver_by_round"]) for side in GANG_SIDES}
@@ -531,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
                   for side in GANG_SIDES]] for k in sorted({k for side in GANG_SIDES for k in calls[side]})]
     rows.append(["connections the API server opened to raygate's webhook",
                  *(f"{conns[side]:.0f}" for side in GANG_SIDES)])
-    print(common.table(["", "with the pod gate: calls x mean ms", "no-op webhook", "without"], rows,
+    print(common.table(["", *(f"{SIDE_LABELS[side]}: calls x mean ms" for side in GANG_SIDES)], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
     one_by_one = cap["one_by_one_creates"]
     series = sorted({k for ns in ONE_BY_ONE_SIDES for k in one_by_one[ns]})
