@@ -258,7 +258,10 @@ def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[s
     return out
 
 
-ONE_BY_ONE_SIDES = {NAMESPACE: "raygate's webhook", NOOP_NAMESPACE: "a no-op webhook in Go", PLAIN_NAMESPACE: "none"}
+# side -> (namespace, what it shows). On the "policy" side the pods are KubeRay's (its operator's name, a RayCluster
+# controller): the pod gate's policy gates them, and the webhook is not called.
+ONE_BY_ONE_SIDES = {"policy": (NAMESPACE, "the pod gate's policy"), "webhook": (NAMESPACE, "raygate's webhook"),
+                    "noop": (NOOP_NAMESPACE, "a no-op webhook in Go"), "none": (PLAIN_NAMESPACE, "none")}
 NOOP_CONFIG = "raygate-bench-noop"
 
 
@@ -309,33 +312,41 @@ class NoopWebhook:
 
 
 def creates_one_by_one(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict[str, dict[str, float]]]:
-    """`ONE_BY_ONE_PODS` GPU pods created one after another in each of ONE_BY_ONE_SIDES' namespaces, with the API
-    server's own timings: what a webhook call costs it with no Ray object in the way. The pods carry no Ray identity
-    and are deleted after; no node matches their selector, so the autoscaler adds none for the ungated ones."""
+    """`ONE_BY_ONE_PODS` GPU pods created one after another on each of ONE_BY_ONE_SIDES, with the API server's own
+    timings: what a webhook call, or the policy, costs it with no Ray object in the way. The pods are deleted after;
+    no node matches their selector, so the autoscaler adds none for the ungated ones."""
     from raygate.core.api import PODS
+    from raygate.core.policy import KUBERAY_OPERATOR_USER
 
     for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # NAMESPACE is raygate's, opted in
         cp.kubectl("create", "namespace", ns)
     noop.route(NOOP_NAMESPACE)
+    operator = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench-kuberay", pool_size=2)
+    operator.impersonate = KUBERAY_OPERATOR_USER
 
-    def create(ns: str, name: str) -> None:
+    def create(side: str, name: str) -> None:
+        ns = ONE_BY_ONE_SIDES[side][0]
         pod = gpu_pod(0)
-        pod["metadata"] = {"name": name, "namespace": ns, "labels": {"app": "bench"}}
+        pod["metadata"] = {"name": f"{side}-{name}", "namespace": ns, "labels": {"app": "bench"}}
         pod["spec"]["nodeSelector"] = {"raygate.io/bench-node": "none"}
-        kube.create(PODS, pod, ns)
+        if side == "policy":  # a worker of a RayCluster, as KubeRay's operator makes it
+            pod["metadata"]["labels"][keys.RAY_GROUP_LABEL] = "gpu"
+            pod["metadata"]["ownerReferences"] = [{"apiVersion": "ray.io/v1", "kind": keys.RAYCLUSTER_KIND,
+                                                   "name": "bench", "uid": str(uuid.uuid4()), "controller": True}]
+        (operator if side == "policy" else kube).create(PODS, pod, ns)
 
-    for ns in ONE_BY_ONE_SIDES:  # warm: each webhook's connection open, its first answers given
+    for side in ONE_BY_ONE_SIDES:  # warm: each webhook's connection open, its first answers given
         for i in range(5):
-            create(ns, f"warm-{i}")
+            create(side, f"warm-{i}")
     out = {}
-    for ns in ONE_BY_ONE_SIDES:
+    for side in ONE_BY_ONE_SIDES:
         before = apiserver_admission(cp)
         for i in range(ONE_BY_ONE_PODS):
-            create(ns, f"pod-{i:03d}")
-        out[ns] = admission_delta(before, apiserver_admission(cp))
+            create(side, f"pod-{i:03d}")
+        out[side] = admission_delta(before, apiserver_admission(cp))
     noop.route()
-    for ns in ONE_BY_ONE_SIDES:
-        cp.kubectl("delete", "pods", "--all", "-n", ns, "--wait=false")
+    for ns in {ns for ns, _ in ONE_BY_ONE_SIDES.values()}:
+        cp.kubectl("delete", "pods", "-l", "app=bench", "-n", ns, "--wait=false")
     return out
 
 
@@ -554,13 +565,14 @@ def main(args: argparse.Namespace) -> int:
     print(common.table(["", *(f"{SIDE_LABELS[side]}: calls x mean ms" for side in GANG_SIDES)], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
     one_by_one = cap["one_by_one_creates"]
-    series = sorted({k for ns in ONE_BY_ONE_SIDES for k in one_by_one[ns]})
+    series = sorted({k for side in ONE_BY_ONE_SIDES for k in one_by_one[side]})
 
-    def cell(ns: str, k: str) -> str:
-        return f"{one_by_one[ns][k]['calls']:.0f} x {one_by_one[ns][k]['mean_ms']:.2f}" if k in one_by_one[ns] else ""
+    def cell(side: str, k: str) -> str:
+        found = one_by_one[side].get(k)
+        return f"{found['calls']:.0f} x {found['mean_ms']:.2f}" if found else ""
 
-    print(common.table(["", *(f"{side}: calls x mean ms" for side in ONE_BY_ONE_SIDES.values())],
-                       [[k, *(cell(ns, k) for ns in ONE_BY_ONE_SIDES)] for k in series],
+    print(common.table(["", *(f"{label}: calls x mean ms" for _, label in ONE_BY_ONE_SIDES.values())],
+                       [[k, *(cell(side, k) for side in ONE_BY_ONE_SIDES)] for k in series],
                        f"{ONE_BY_ONE_PODS} GPU pods created one by one after the gangs (no Ray objects left; the "
                        "autoscaler, KubeRay and raygate running), as the API server timed them"))
     print()
