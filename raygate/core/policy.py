@@ -310,7 +310,8 @@ class RaygateConfig(_Strict):
     ray_operator_users: list[str] = Field(
         default_factory=lambda: [KUBERAY_OPERATOR_USER],
         description="Usernames of the KubeRay operator. A RayCluster is taken as a RayJob's own cluster, and "
-        "left alone, only when one of these creates it for a RayJob raygate admitted.",
+        "left alone, only when one of these creates it for a RayJob raygate admitted; only their pods may claim a "
+        "Ray object, and on Kubernetes 1.36+ the pod gate's policy gates their GPU pods inside the API server.",
     )
     failure_policy: Literal["Fail", "Ignore"] = Field(
         "Fail", description="Webhook failurePolicy written into the webhook configurations."
