@@ -9,7 +9,7 @@
   cert-manager owns it (`--no-manage-certs`). The renewal loop is handed in by the `raygate`
   command: the reconciler and the certs component do not import each other.
 
-Both are idempotent and safe from every replica, so they need no leadership.
+All are idempotent and safe from every replica, so they need no leadership.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 
 log = logging.getLogger("raygate.housekeeping")
+RETRY_SECONDS = 5.0  # after an error other than 403, before the next try
 
 RenewCertificates = Callable[[threading.Event], None]
 """Renews the webhook certificate until the event is set."""
@@ -120,8 +121,8 @@ class Housekeeping:
                     sync(config)
                 except ApiError as err:
                     log.warning(f"could not sync the {what}", extra={"error": str(err)})
-                    if err.status == 403:  # not granted (e.g. the cert-manager overlay): on a config change only
-                        done[what] = (generation, float("inf"))
+                    # Not granted (e.g. the cert-manager overlay): again on a config change only; else soon.
+                    done[what] = (generation, float("inf") if err.status == 403 else time.monotonic() + RETRY_SECONDS)
                     continue
                 done[what] = (generation, time.monotonic() + self.period)
 
