@@ -28,10 +28,11 @@ from builders import RayJob, worker_group
 from raystack import delete_ray_objects
 from waiting import consistently, wait
 
-from raygate.core import keys
+from raygate.core import keys, podgate_policy
 from raygate.core.api import (
     EVENTS,
     LEASES,
+    MUTATING_POLICIES,
     PODGROUPS,
     PODS,
     PODTEMPLATES,
@@ -42,6 +43,7 @@ from raygate.core.api import (
     provisioning_requests,
 )
 from raygate.core.objects import JSON
+from raygate.core.policy import KUBERAY_OPERATOR_USER as OPERATOR
 from raygate.devenv.controlplane import ControlPlane
 from raygate.devenv.raygate_local import reconciler_metrics_port, start_reconciler, start_webhook, stop_webhook
 from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
@@ -794,9 +796,9 @@ def test_a_rayservice_cluster_is_held_booked_and_updated_by_the_operator_without
 
 @pytest.mark.kuberay
 def test_outages_let_no_gpu_pod_through_and_a_new_leader_releases_from_the_bookings_there_are(env: Env) -> None:
-    """Webhook down (failurePolicy Fail): KubeRay's pod creates fail and are retried, none slips through
-    ungated. Reconciler down: gated pods wait. The next leader releases them into the slots the pods
-    that still run leave free, never one more."""
+    """Webhook down (failurePolicy Fail): KubeRay's GPU pods are still created, gated by the pod gate's policy in
+    the API server (Kubernetes 1.36), and none slips through ungated. Reconciler down: gated pods wait. The next
+    leader releases them into the slots the pods that still run leave free, never one more."""
     ns = NS["ray"]
     cluster = RayJob("x", None).head(requests=CPU["requests"]).obj()["spec"]["rayClusterSpec"]
     cluster["workerGroupSpecs"] = [worker("gpu", 2, GPU)]
@@ -812,14 +814,14 @@ def test_outages_let_no_gpu_pod_through_and_a_new_leader_releases_from_the_booki
     wait(lambda: len(gpu_pods()) == 2 and not any(pod_gated(p) for p in gpu_pods()), 60, "the 2 booked pods released")
 
     leader = env.leader()
+    wait(lambda: OPERATOR in json.dumps(env.kube.get(MUTATING_POLICIES, podgate_policy.POLICY_NAME)["spec"]), 30,
+         "the reconciler to have written the config into the pod gate's policy")
     env.reconcilers.kill9(leader)
     env.cluster.stop_process("rg-reconciler-test-webhook")  # still registered: failurePolicy Fail
     env.kube.delete(PODS, gpu_pods()[0]["metadata"]["name"], ns)
-    consistently(lambda: len(gpu_pods()) == 1, 5, "KubeRay's re-create to fail while the webhook is down")
-
-    start_webhook(env.cluster, name="rg-reconciler-test-webhook")
-    wait(lambda: len(gpu_pods()) == 2, 90, "KubeRay's retry to create the pod once the webhook is back")
+    wait(lambda: len(gpu_pods()) == 2, 60, "KubeRay's re-create, gated by the policy while the webhook is down")
     consistently(lambda: sum(pod_gated(p) for p in gpu_pods()) == 1, 3, "the new pod to wait gated, no reconciler")
+    start_webhook(env.cluster, name="rg-reconciler-test-webhook")
 
     env.reconcilers.start("r2")
     wait(lambda: env.leader() == "r2", 60, "reconciler r2 to lead")
