@@ -725,7 +725,7 @@ def _gate_view(pod: JSON) -> tuple[list[str], str | None, dict[str, str]]:
 def test_the_pod_gates_policy_decides_as_the_webhook_does(env: Env) -> None:
     """The same pods KubeRay's operator could create, through the real API server (the policy, then the webhook
     where the policy left them) and through the webhook's own decision in Python: gated, labelled and recorded
-    alike, or left alike."""
+    alike, or left alike; and the pods the policy gated never reached the webhook."""
     from builders import container
     from builders import request as review_request
 
@@ -756,11 +756,16 @@ def test_the_pod_gates_policy_decides_as_the_webhook_does(env: Env) -> None:
     pods["names-its-booking"] = _kuberay_pod(main, container("w", limits=gpu))
     pods["names-its-booking"]["metadata"]["annotations"] = {keys.CONSUME_ANNOTATION: "c-1",
                                                             keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS}
+    # The webhook is asked only of the pods the policy leaves to it (no GPU asked, or a namespace that gates none):
+    # every other one was decided by the policy alone.
+    by_the_webhook = {"zero-gpus", "cpu-only", "kueue-mode"}
     cfg = parse_fields(yaml.safe_dump(config()))
     for case, pod in pods.items():
         ns = pod["metadata"]["namespace"]
+        before = _pod_reviews(env)
         stored = json.loads(env.as_user(OPERATOR, "create", "-n", ns, "--dry-run=server", "-o", "json", "-f", "-",
                                         input_obj=pod).stdout)
+        assert (_pod_reviews(env) > before) == (case in by_the_webhook), case
         decision = mutate(review_request(pod, user=OPERATOR, namespace=ns), {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE},
                           cfg)
         assert decision.allowed, (case, decision.message)
