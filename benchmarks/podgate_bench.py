@@ -4,14 +4,16 @@ the gate and without it, and a scale-up's pods from creation to bound on the rea
 1. Pod reviews served over TLS (the shipped webhook, one worker x 4 threads): a CREATE of a GPU worker pod
    as KubeRay makes it, which the webhook gates, at concurrency 1 and 8. Target p99 <= 5 ms at 8.
 2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
-   the moment its request is Provisioned to every worker bound, in rotating rounds on four sides (GANG_SIDES):
-   the pod gate as installed on Kubernetes 1.36 (its MutatingAdmissionPolicy gates KubeRay's pods inside the
-   API server, raygate/core/podgate_policy.py); raygate's webhook alone gating them (the policy unbound: as
-   on clusters before 1.36); the pods sent instead to a webhook in Go that only adds a label
-   (benchmarks/noop_webhook: what any webhook costs); and neither (raygate's pod rules taken out: raygate as
-   it was before the gate). Target: the median with the gate within 20% of without. Then what a webhook call
-   costs the API server itself: 40 GPU pods created one after another on the same stack once no Ray object
-   is left, sent to raygate's webhook, to the no-op one, and to none.
+   the moment its request is Provisioned to every worker bound, in rotating rounds on three sides (GANG_SIDES):
+   the pod gate as installed (raygate admits the cluster with its GPU pods born gated from its templates, so
+   the API server calls no admission for them, and releases each against the booking); and the same cluster in
+   a namespace raygate does not see, booked by the benchmark itself with the same request and unsuspended once
+   it is Provisioned, its pods sent to a webhook in Go that only adds a label (benchmarks/noop_webhook: what
+   any webhook costs) or to none (no gate at all). Target: the median with the gate within 20% of without.
+   Then what an admission call costs the API server itself, for the pods that are not born gated (a RayJob's:
+   its cluster did not exist when raygate admitted it): 40 GPU pods created one after another on the same
+   stack once no Ray object is left, through the pod gate's MutatingAdmissionPolicy (Kubernetes 1.36), raygate's
+   webhook, the no-op one, and none.
 3. An admitted autoscaling RayCluster scaled up by 4 workers on an empty GPU node group: from the replicas
    patch and from the new pods' creation to all bound, with the real cluster-autoscaler adding the node for
    their scale-up request.
@@ -35,7 +37,7 @@ from benchmarks.common import BenchError, Target, bound_workers, gpu_workers, re
 from benchmarks.samples import admission_review
 from benchmarks.webhook_bench import drive
 from raygate.core import keys
-from raygate.core.api import RAYCLUSTERS
+from raygate.core.api import PODTEMPLATES, RAYCLUSTERS, provisioning_requests
 from raygate.core.objects import JSON
 from raygate.kube.client import Kube
 from raygate.webhook.cli import THREADS as WEBHOOK_THREADS
@@ -125,30 +127,6 @@ def raycluster(name: str, namespace: str, workers: int, *, autoscaling: bool = F
                                            "template": {"spec": {"containers": [{
                                                "name": "ray-worker", "image": "rayproject/ray:2.46.0-gpu",
                                                "resources": {"requests": worker, "limits": worker}}]}}}]}}
-
-
-def _pod_rules(cp: Any, side: str) -> None:
-    """raygate's pod gate as `side` has it: its webhook's rules for pods (not on the no-op and ungated sides, raygate
-    as it was before the gate), and its policy's binding (the gated side only)."""
-    from raygate.devenv.registration import pod_gate_policy
-
-    on = side in ("gated", "webhook")
-    binding = pod_gate_policy()[1]
-    if side == "gated":
-        cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=json.dumps(binding))
-    else:
-        cp.kubectl("delete", "mutatingadmissionpolicybinding", binding["metadata"]["name"], "--ignore-not-found")
-    for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
-        name = keys.MUTATING_WEBHOOK_CONFIG if kind.startswith("mutating") else keys.VALIDATING_WEBHOOK_CONFIG
-        obj = json.loads(cp.kubectl("get", kind, name, "-o", "json"))
-        for hook in obj["webhooks"]:
-            rules = [r for r in hook["rules"] if "pods" not in r["resources"]]
-            if on:
-                operations = ["CREATE"] if kind.startswith("mutating") else ["CREATE", "UPDATE"]
-                rules.append({"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
-                              "resources": ["pods"], "scope": "Namespaced"})
-            hook["rules"] = rules
-        cp.kubectl("replace", "-f", "-", input_text=json.dumps(obj))
 
 
 CONFIG = {"defaults": {"mode": "provisioning", "provisioning": {"className": keys.BEST_EFFORT_ATOMIC_CLASS}},
@@ -318,8 +296,6 @@ def creates_one_by_one(cp: Any, kube: Kube, noop: NoopWebhook) -> dict[str, dict
     from raygate.core.api import PODS
     from raygate.core.policy import KUBERAY_OPERATOR_USER
 
-    for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # NAMESPACE is raygate's, opted in
-        cp.kubectl("create", "namespace", ns)
     noop.route(NOOP_NAMESPACE)
     operator = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench-kuberay", pool_size=2)
     operator.impersonate = KUBERAY_OPERATOR_USER
@@ -389,11 +365,32 @@ class Connections:
         return len(self.seen - self.before)
 
 
-# raygate's pod gate as installed on 1.36 (its policy, then its webhook where the policy leaves a pod); its webhook
-# alone; a no-op webhook in Go instead; neither.
-GANG_SIDES = ("gated", "webhook", "noop", "ungated")
-SIDE_LABELS = {"gated": "the pod gate", "webhook": "raygate's webhook alone", "noop": "a no-op webhook in Go",
-               "ungated": "neither"}
+# raygate's pod gate as installed; a no-op webhook in Go instead of raygate; neither (no gate at all).
+GANG_SIDES = ("gated", "noop", "ungated")
+SIDE_LABELS = {"gated": "the pod gate", "noop": "a no-op webhook in Go", "ungated": "neither"}
+SIDE_NAMESPACES = {"gated": GANG_NAMESPACE, "noop": NOOP_NAMESPACE, "ungated": PLAIN_NAMESPACE}
+
+
+def booked_and_started(kube: Kube, name: str, namespace: str, timeout: float) -> float:
+    """Book a suspended RayCluster's workers as raygate would (a PodTemplate and a check-capacity request for all of
+    them), and unsuspend it once the request is Provisioned; the moment it was seen Provisioned."""
+    from raygate.core.conditions import conditions
+
+    cluster = kube.get(RAYCLUSTERS, name, namespace)
+    group = cluster["spec"]["workerGroupSpecs"][0]
+    kube.create(PODTEMPLATES, {"metadata": {"name": name}, "template": group["template"]}, namespace)
+    requests = provisioning_requests("v1")
+    kube.create(requests, {"metadata": {"name": name}, "spec": {
+        "provisioningClassName": keys.CHECK_CAPACITY_CLASS,
+        "podSets": [{"podTemplateRef": {"name": name}, "count": group["replicas"]}]}}, namespace)
+
+    def provisioned() -> bool:
+        found = conditions(kube.get(requests, name, namespace)).get("Provisioned")
+        return found is not None and found.true
+
+    at = until(provisioned, timeout, f"{name}'s own request Provisioned", 0.05)
+    kube.patch(RAYCLUSTERS, name, {"spec": {"suspend": False}}, namespace)
+    return at
 
 
 def on_capacity(timeout: float, rounds: int) -> dict[str, Any]:
@@ -406,6 +403,8 @@ def on_capacity(timeout: float, rounds: int) -> dict[str, Any]:
         assert state is not None
         start_capacity(cp, state, layout)
         hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE))
+        for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # not opted in: raygate sees nothing of them
+            cp.kubectl("create", "namespace", ns)
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
         noop = NoopWebhook(cp)
         try:
@@ -447,34 +446,42 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
     bound_s: dict[str, list[float]] = {side: [] for side in GANG_SIDES}
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in GANG_SIDES}
     seen_by_apiserver: dict[str, list[dict[str, Any]]] = {side: [] for side in GANG_SIDES}
-    watch = GangWatch(kube, GANG_NAMESPACE)
+    watches = {side: GangWatch(kube, ns) for side, ns in SIDE_NAMESPACES.items()}
+    noop.route(NOOP_NAMESPACE)
     for i in range(rounds):
         for side in GANG_SIDES:
-            _pod_rules(cp, side)
-            if side == "noop":
-                noop.route(GANG_NAMESPACE)
-            name = f"gang-{side}-{i}"
-            kube.create(RAYCLUSTERS, raycluster(name, GANG_NAMESPACE, GANG), GANG_NAMESPACE)
-            provisioned = until(lambda n=name: request_provisioned(kube, n, GANG_NAMESPACE), timeout,
-                                f"{name} Provisioned", 0.05)
-            before = apiserver_admission(cp)
+            name, ns = f"gang-{side}-{i}", SIDE_NAMESPACES[side]
+            cluster = raycluster(name, ns, GANG)
+            if side == "gated":
+                kube.create(RAYCLUSTERS, cluster, ns)  # raygate holds it, books it and admits it
+                provisioned = until(lambda n=name, ns=ns: request_provisioned(kube, n, ns), timeout,
+                                    f"{name} Provisioned", 0.05)
+                before = apiserver_admission(cp)
+            else:
+                cluster["spec"]["suspend"] = True
+                kube.create(RAYCLUSTERS, cluster, ns)
+                before = apiserver_admission(cp)
+                provisioned = booked_and_started(kube, name, ns, timeout)
             with Connections(webhook_port) as conns:
-                done = until(lambda n=name: bound_workers(kube, n, GANG_NAMESPACE) == GANG, timeout,
+                done = until(lambda n=name, ns=ns: bound_workers(kube, n, ns) == GANG, timeout,
                              f"every worker of {name} bound", 0.1)
             seen_by_apiserver[side].append({"admission": admission_delta(before, apiserver_admission(cp)),
                                             "webhook_connections_opened": conns.opened,
                                             "webhook_connections_at_start": len(conns.before)})
-            if side == "noop":
-                noop.route()
             bound_s[side].append(round(done - provisioned, 2))
-            until(lambda n=name: sum("bound" in p for p in watch.pods.get(n, {}).values()) >= GANG, timeout,
+            watch = watches[side]
+            until(lambda n=name, w=watch: sum("bound" in p for p in w.pods.get(n, {}).values()) >= GANG, timeout,
                   f"the watch to see every worker of {name} bound", 0.05)
             phases[side].append(watch.phases(name, provisioned))
             print(f"bench: {name}: Provisioned -> {GANG} workers bound {done - provisioned:.1f}s", flush=True)
-            kube.delete(RAYCLUSTERS, name, GANG_NAMESPACE)
-            until(lambda n=name: not gpu_workers(kube, n, GANG_NAMESPACE), timeout, f"{name}'s pods gone", 0.5)
-    watch.stop()
-    _pod_rules(cp, "gated")  # raygate as installed again
+            kube.delete(RAYCLUSTERS, name, ns)
+            if side != "gated":  # what the benchmark booked itself
+                kube.delete(provisioning_requests("v1"), name, ns)
+                kube.delete(PODTEMPLATES, name, ns)
+            until(lambda n=name, ns=ns: not gpu_workers(kube, n, ns), timeout, f"{name}'s pods gone", 0.5)
+    noop.route()
+    for watch in watches.values():
+        watch.stop()
     return {f"gang-{side}": {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
                              "phases_s": {label: statistics.median(r[label] for r in phases[side])
                                           for label, _, _ in GANG_PHASES},

@@ -56,6 +56,8 @@ def admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, v
         return requeue(w, obs, rules, name, "was suspended after admission", "Requeued")
     if rules.gates_pods:
         _gate(w, obs, rules, plan, version, now)
+    else:
+        _ungate(w, obs, plan)
     pr = obs.request(name) if name else None
     revoked = conditions(pr).get(booking.CAPACITY_REVOKED) if pr is not None else None
     if revoked is None or not revoked.true or name is None:
@@ -91,6 +93,20 @@ def _group_rewritten(w: Workload, obs: Observed, rules: ObjectRules) -> Plan | N
     plan.outcome = Outcome.GROUP_REWRITTEN
     return plan
 
+
+
+def _ungate(w: Workload, obs: Observed, plan: Plan) -> None:
+    """Admitted where pods are not gated (its namespace's config changed since): its gated pods need no booking
+    here, so their gate is lifted, and its pod templates no longer make new pods gated."""
+    plan.actions += [ReleasePod(p.name, tuple(podgate.release_ops(p.obj, None, None))) for p in obs.pods if p.gated]
+    b = builder(w)
+    tests = len(b.ops)
+    for _, path in w.template_paths():
+        template = get(w.obj, path)
+        if isinstance(template, Mapping):
+            podgate.unstamp(b, template, path)
+    if len(b.ops) > tests:
+        plan.actions.append(patch_step(b, Step.UNGATE))
 
 
 def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: str | None,

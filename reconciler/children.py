@@ -91,12 +91,12 @@ def _template_of(w: Workload, pod_set: PodSet) -> JSON:
 def template_copy(found: Mapping[str, Any]) -> JSON:
     """A pod template copied for capacity checking."""
     template = copy.deepcopy(dict(found))
-    # A copy for capacity checking: it must not claim a booking itself.
+    # A copy for capacity checking: it must not claim a booking itself, nor carry the gate of the pods it stands for.
     annotations = get(template, ("metadata", "annotations"))
-    for key in (keys.CONSUME_ANNOTATION, keys.CLASS_ANNOTATION):
+    for key in podgate.BOOKING_ANNOTATIONS:
         if isinstance(annotations, dict):
             annotations.pop(key, None)
-    return template
+    return podgate.without_stamp(template)
 
 
 def pod_template(w: Workload, pod_set: PodSet, manages: Manages) -> JSON:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, replace
 
-from raygate.core import booking, keys, limits, preemption
+from raygate.core import booking, identity, keys, limits, podgate, preemption
 from raygate.core import quantity as q
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
@@ -239,10 +239,19 @@ def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, nee
     if needs.group is not None and rules.group is not None:
         # In the patch that unsuspends: no pod of the job can ever be created without it.
         rules.group.admit(b, w, needs.group)
-    if request is not None:
-        for p in needs.managed:
-            if p.template_path is None:
-                continue
+    # A RayCluster's pods, where they are gated: born gated from templates that say so, as the gate would leave
+    # them, so that the API server calls no admission for them. (A RayJob's pods belong to the RayCluster KubeRay
+    # makes for it, whose uid their record names and which does not exist yet.) Elsewhere the templates name the
+    # booking, for the autoscaler to match the pods to it.
+    uid = get(w.obj, ("metadata", "uid"))
+    stamped = rules.gates_pods and w.kind == keys.RAYCLUSTER_KIND and isinstance(uid, str) and bool(uid)
+    for p in needs.managed:
+        if p.template_path is None:
+            continue
+        if stamped:
+            record = identity.RayOwner(w.kind, w.name, str(uid), p.name).render()
+            podgate.born_gated(b, get(w.obj, p.template_path) or {}, p.template_path, record)
+        elif request is not None:
             b.set((*p.template_path, "metadata", "annotations", keys.CONSUME_ANNOTATION), request)
             b.set((*p.template_path, "metadata", "annotations", keys.CLASS_ANNOTATION),
                   rules.policy.provisioning.class_name)

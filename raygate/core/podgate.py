@@ -24,7 +24,7 @@ from raygate.core import dra, keys
 from raygate.core import quantity as q
 from raygate.core.identity import pod_set_of as pod_set_of
 from raygate.core.names import digest
-from raygate.core.objects import JSON, get
+from raygate.core.objects import JSON, Path, get
 from raygate.core.patch import PatchBuilder, PatchOp, pointer
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import DEFAULT_SCHEDULER as DEFAULT_SCHEDULER
@@ -169,16 +169,57 @@ def needs_gate(pod: Mapping[str, Any], policy: NamespacePolicy, claims: dra.Clai
     return bool(managed or uncounted)
 
 
-def gate(b: PatchBuilder, pod: Mapping[str, Any]) -> None:
-    """Add raygate's scheduling gate and label to a pod being created (both idempotent)."""
+def gate(b: PatchBuilder, pod: Mapping[str, Any], at: Path = ()) -> None:
+    """Add raygate's scheduling gate and label to a pod being created, or to the pod template at `at` of the
+    object `b` patches (both idempotent)."""
     if not gated(pod):
         gates = get(pod, ("spec", "schedulingGates"))
         if isinstance(gates, list):
-            b.ops.append({"op": "add", "path": pointer(("spec", "schedulingGates", "-")),
+            b.ops.append({"op": "add", "path": pointer((*at, "spec", "schedulingGates", "-")),
                           "value": {"name": keys.CAPACITY_GATE}})
         else:
-            b.set(("spec", "schedulingGates"), [{"name": keys.CAPACITY_GATE}])
-    b.set(("metadata", "labels", keys.POD_GATE_LABEL), keys.POD_GATED)
+            b.set((*at, "spec", "schedulingGates"), [{"name": keys.CAPACITY_GATE}])
+    b.set((*at, "metadata", "labels", keys.POD_GATE_LABEL), keys.POD_GATED)
+
+
+def born_gated(b: PatchBuilder, template: Mapping[str, Any], at: Path, record: str) -> None:
+    """Write into the pod template at `at` what the pod gate writes on each pod made from it: the gate, the
+    gated label and `record` (identity.at_pod_create's for KubeRay's pods of that template). KubeRay then
+    creates them as the gate would leave them, and the API server calls neither the gate's policy nor its
+    webhook for them (podgate_policy.ARRIVES_GATED, which checks every pod: a stamp that does not match the
+    pod's real owner only costs the fast path)."""
+    gate(b, template, at)
+    b.set((*at, "metadata", "annotations", keys.RAY_OWNER_ANNOTATION), record)
+
+
+def unstamp(b: PatchBuilder, template: Mapping[str, Any], at: Path) -> None:
+    """Take out of the pod template at `at` what born_gated wrote (its namespace no longer gates pods)."""
+    gates = get(template, ("spec", "schedulingGates"))
+    if isinstance(gates, list) and gated(template):
+        kept = [g for g in gates if not (isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)]
+        if kept:
+            b.set((*at, "spec", "schedulingGates"), kept)
+        else:
+            b.remove((*at, "spec", "schedulingGates"))
+    b.remove((*at, "metadata", "labels", keys.POD_GATE_LABEL))
+    b.remove((*at, "metadata", "annotations", keys.RAY_OWNER_ANNOTATION))
+
+
+def without_stamp(template: JSON) -> JSON:
+    """A pod template without what born_gated writes (a copy for capacity checking simulates pods, not gates)."""
+    meta = template.get("metadata")
+    for kind, key in (("labels", keys.POD_GATE_LABEL), ("annotations", keys.RAY_OWNER_ANNOTATION)):
+        if isinstance(meta, dict) and isinstance(meta.get(kind), dict):
+            meta[kind].pop(key, None)
+    spec = template.get("spec")
+    if isinstance(spec, dict) and isinstance(spec.get("schedulingGates"), list):
+        kept = [g for g in spec["schedulingGates"]
+                if not (isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)]
+        if kept:
+            spec["schedulingGates"] = kept
+        else:
+            del spec["schedulingGates"]
+    return template
 
 
 def release_ops(pod: Mapping[str, Any], request: str | None, class_name: str | None) -> list[PatchOp]:

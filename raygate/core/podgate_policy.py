@@ -75,12 +75,28 @@ WEBHOOK_ONLY = (f"(has(object.spec.nodeName) && object.spec.nodeName != '') || "
                 f"{_in_map(_ANNOTATIONS, keys.GANG_GROUP_ANNOTATION)}")
 # The booking a pod consumes is raygate's to write when it lifts the gate: taken off at create. An admitted job's
 # pod templates name it, so every pod KubeRay makes for one does.
-_NAMES_A_BOOKING = " || ".join(_in_map(_ANNOTATIONS, k) for k in BOOKING_ANNOTATIONS)
+NAMES_A_BOOKING = " || ".join(_in_map(_ANNOTATIONS, k) for k in BOOKING_ANNOTATIONS)
+
 
 IS_POD_CREATE = ("request.operation == 'CREATE' && request.resource.group == '' && "
                  "request.resource.resource == 'pods'")
 GATED = (f"has(object.spec.schedulingGates) && "
          f"object.spec.schedulingGates.exists(g, g.name == {_quoted(keys.CAPACITY_GATE)})")
+# A pod that names a native-mode gang but not its PodGroup (webhook/pods.py validate() refuses it).
+GANG_NOT_NAMED = (f"{_in_map(_ANNOTATIONS, keys.GANG_GROUP_ANNOTATION)} && "
+                  "!(has(object.spec.schedulingGroup) && has(object.spec.schedulingGroup.podGroupName))")
+
+# A pod of a Ray object that arrives with raygate's gate, its gated label and the ray-owner record raygate would
+# write, naming no booking, node or native-mode gang: an admitted RayCluster's templates say all that
+# (podgate.born_gated). Its creator checked apart, neither the policy nor the webhook would change it
+# (webhook/pods.py mutate(): the gate and label are there, the record is the one at_pod_create gives KubeRay's
+# pods, and nothing is left to take off or add), so neither is called for it.
+ARRIVES_GATED = (f"{GATED} && {_in_map(_LABELS, keys.POD_GATE_LABEL)} && "
+                 f"{_LABELS}[{_quoted(keys.POD_GATE_LABEL)}] == {_quoted(keys.POD_GATED)} && {RAY_OWNED} && "
+                 f"{_in_map(_ANNOTATIONS, keys.RAY_OWNER_ANNOTATION)} && "
+                 f"{_ANNOTATIONS}[{_quoted(keys.RAY_OWNER_ANNOTATION)}] == {RECORD} && !({WEBHOOK_ONLY}) && "
+                 f"!({NAMES_A_BOOKING})")
+NOT_GATED_ALREADY = "not-gated-already"
 
 
 # --- which resources the namespace gates pods on (raygate.core.podgate.needs_gate) -------------------------
@@ -142,6 +158,7 @@ def policy(config: RaygateConfig | None) -> dict[str, Any]:
             "matchConditions": [
                 {"name": "by-kuberay-operator", "expression": f"request.userInfo.username in {_list(operators)}"},
                 {"name": "of-a-ray-object", "expression": RAY_OWNED},
+                {"name": NOT_GATED_ALREADY, "expression": f"!({ARRIVES_GATED})"},
                 {"name": "not-webhook-only", "expression": f"!({WEBHOOK_ONLY})"},
                 {"name": "asks-a-gated-resource", "expression": asks_managed(managed)},
             ],
@@ -178,16 +195,9 @@ def binding(namespace_selector: dict[str, Any]) -> dict[str, Any]:
 
 
 def skip_already_gated(operators: list[str]) -> dict[str, str]:
-    """The mutating webhook's matchCondition: not called for a pod create by KubeRay's operator that arrives with
-    raygate's gate, its gated label and the ray-owner record raygate would write, naming no booking, node or
-    native-mode gang: the webhook would allow it unchanged (webhook/pods.py mutate(): its gate and label are
-    there, the record is the one at_pod_create gives KubeRay's pods, and nothing is left to take off or add)."""
-    users = ", ".join(map(_quoted, operators))
+    """The mutating webhook's matchCondition: not called for a pod create by KubeRay's operator that arrives as
+    the gate would leave it (ARRIVES_GATED)."""
     return {
-        "name": "not-gated-already",
-        "expression": f"!({IS_POD_CREATE} && request.userInfo.username in [{users}] && {GATED} && "
-        f"{_in_map(_LABELS, keys.POD_GATE_LABEL)} && {_LABELS}[{_quoted(keys.POD_GATE_LABEL)}] == "
-        f"{_quoted(keys.POD_GATED)} && {RAY_OWNED} && {_in_map(_ANNOTATIONS, keys.RAY_OWNER_ANNOTATION)} && "
-        f"{_ANNOTATIONS}[{_quoted(keys.RAY_OWNER_ANNOTATION)}] == {RECORD} && !({WEBHOOK_ONLY}) && "
-        f"!({_NAMES_A_BOOKING}))",
+        "name": NOT_GATED_ALREADY,
+        "expression": f"!({IS_POD_CREATE} && request.userInfo.username in {_list(operators)} && {ARRIVES_GATED})",
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from raygate.core import keys, podgate, podgate_policy
+from raygate.core import keys, podgate_policy
 from raygate.core.policy import DEFAULT_CONFIG
 
 TIMEOUT_SECONDS = 5
@@ -28,15 +28,10 @@ SKIP_RECONCILER = {
 # halves the webhook calls of each of KubeRay's pod creates (one AdmissionReview, the mutating one, instead of
 # two). What it gives up: validation also compares the pod's ray-owner record with what raygate's mutation wrote,
 # which only a mutating webhook ordered after raygate's (an admin's, as trusted as the API server) could change.
-_NAMES_A_BOOKING = " || ".join(f"'{k}' in object.metadata.annotations" for k in podgate.BOOKING_ANNOTATIONS)
 SKIP_GATED_POD_CREATE = {
     "name": "not-a-gated-pod-create",
-    "expression": "!(request.operation == 'CREATE' && request.resource.group == '' && "
-    "request.resource.resource == 'pods' && has(object.spec.schedulingGates) && "
-    f"object.spec.schedulingGates.exists(g, g.name == '{keys.CAPACITY_GATE}') && "
-    f"!(has(object.metadata.annotations) && ({_NAMES_A_BOOKING})) && "
-    f"!(has(object.metadata.annotations) && '{keys.GANG_GROUP_ANNOTATION}' in object.metadata.annotations && "
-    "!(has(object.spec.schedulingGroup) && has(object.spec.schedulingGroup.podGroupName))))",
+    "expression": f"!({podgate_policy.IS_POD_CREATE} && {podgate_policy.GATED} && "
+    f"!({podgate_policy.NAMES_A_BOOKING}) && !({podgate_policy.GANG_NOT_NAMED}))",
 }
 
 

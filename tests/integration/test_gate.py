@@ -683,27 +683,50 @@ def _pod_reviews(env: Env) -> float:
                and 'kind="Pod"' in line)
 
 
-def test_kuberays_gpu_pods_are_gated_inside_the_api_server_without_a_webhook_call(env: Env) -> None:
-    """Kubernetes 1.36: the pod gate's MutatingAdmissionPolicy gates KubeRay's GPU pods and records whose they are,
-    as the webhook would, and the API server does not call the webhook for them. Where the namespace's mode does not
-    gate pods, it gates none; the pods it gated are released against their booking like any."""
+MUTATIONS = len(podgate_policy.policy(None)["spec"]["mutations"])
+
+
+def _policy_checks(env: Env) -> float:
+    """The pod gate's MutatingAdmissionPolicy's mutations applied (the API server's /metrics): MUTATIONS a pod."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in env.cluster.kubectl("get", "--raw", "/metrics").splitlines()
+               if line.startswith("apiserver_mutating_admission_policy_check_total{")
+               and f'policy="{podgate_policy.POLICY_NAME}"' in line)
+
+
+def test_kuberays_gpu_pods_are_gated_without_a_webhook_call(env: Env) -> None:
+    """Kubernetes 1.36. An admitted RayCluster's GPU pods are born gated and recorded from its templates: the API
+    server calls neither the pod gate's policy nor the webhook for them. A RayJob's (its RayCluster's, whose uid
+    did not exist at admission) are gated and recorded by the policy.
+    Where the namespace's mode does not gate pods, nothing is gated; gated pods are released against their booking
+    like any."""
     ns, name = NS["main"], "in-the-api-server"
     wait(lambda: OPERATOR in json.dumps(env.kube.get(MUTATING_POLICIES, podgate_policy.POLICY_NAME)["spec"]), 30,
          "the reconciler to write the config into the pod gate's policy")
-    before = _pod_reviews(env)
+    before, checks = _pod_reviews(env), _policy_checks(env)
     obj = scaled_up(env, name, 1, 3)  # 1 worker booked and released, 2 more waiting gated for their own booking
     wait(lambda: len(pods_of(env, ns, name, gpu_only=False)) == 4, 30, "the head pod")
     for pod in pods_of(env, ns, name):
         assert annotations(pod)[keys.RAY_OWNER_ANNOTATION] == f"RayCluster/{name}/{obj['metadata']['uid']}/gpu"
     assert _pod_reviews(env) - before == 1, "only the head pod (no GPU) goes through the webhook"
+    assert _policy_checks(env) == checks, "the policy changed none: they were created as it would leave them"
+    wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "the scale-up's request")
+    provision_scale_ups(env, ns, obj)
+    wait_gated(env, ns, name, 0, 3)
+
+    checks = _policy_checks(env)
+    env.create(ns, rayjob("policy-gated"))
+    admit(env, ns, "RayJob", "policy-gated")
+    child = kuberay_cluster_of(env, ns, "policy-gated")
+    wait_gated(env, ns, child["metadata"]["name"], 0, 2)
+    for pod in pods_of(env, ns, child["metadata"]["name"]):
+        assert annotations(pod)[keys.RAY_OWNER_ANNOTATION] == (f"RayCluster/{child['metadata']['name']}/"
+                                                               f"{child['metadata']['uid']}/gpu")
+    assert _policy_checks(env) - checks == 2 * MUTATIONS, "the policy gated the RayJob's 2 GPU pods"
     # The same pod in a kueue-mode namespace (Kueue is the gate there) is not gated.
     pod = _kuberay_pod(NS["kueue"], {"name": "c", "image": "ray", "resources": GPU})
     made = json.loads(env.as_user(OPERATOR, "create", "-n", NS["kueue"], "--dry-run=server", "-o", "json", "-f", "-",
                                   input_obj=pod).stdout)
     assert not gated(made) and keys.RAY_OWNER_ANNOTATION not in annotations(made)
-    wait(lambda: requests_of(env, ns, obj, scale_ups=True), 30, "the scale-up's request")
-    provision_scale_ups(env, ns, obj)
-    wait_gated(env, ns, name, 0, 3)
     assert_gate_holds(env, ns)
 
 
@@ -756,16 +779,22 @@ def test_the_pod_gates_policy_decides_as_the_webhook_does(env: Env) -> None:
     pods["names-its-booking"] = _kuberay_pod(main, container("w", limits=gpu))
     pods["names-its-booking"]["metadata"]["annotations"] = {keys.CONSUME_ANNOTATION: "c-1",
                                                             keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS}
+    # An admitted RayCluster's templates say what the gate would write (podgate.born_gated): its pods arrive so.
+    pods["born-gated"] = _kuberay_pod(main, container("w", limits=gpu), schedulingGates=[{"name": keys.CAPACITY_GATE}])
+    pods["born-gated"]["metadata"]["labels"][keys.POD_GATE_LABEL] = keys.POD_GATED
+    pods["born-gated"]["metadata"]["annotations"] = {keys.RAY_OWNER_ANNOTATION: "RayCluster/c/u1/gpu"}
     # The webhook is asked only of the pods the policy leaves to it (no GPU asked, or a namespace that gates none):
-    # every other one was decided by the policy alone.
+    # every other one was decided by the policy alone, but for the pod born gated, which neither is asked about.
     by_the_webhook = {"zero-gpus", "cpu-only", "kueue-mode"}
+    by_neither = {"born-gated"}
     cfg = parse_fields(yaml.safe_dump(config()))
     for case, pod in pods.items():
         ns = pod["metadata"]["namespace"]
-        before = _pod_reviews(env)
+        before, checks = _pod_reviews(env), _policy_checks(env)
         stored = json.loads(env.as_user(OPERATOR, "create", "-n", ns, "--dry-run=server", "-o", "json", "-f", "-",
                                         input_obj=pod).stdout)
         assert (_pod_reviews(env) > before) == (case in by_the_webhook), case
+        assert (_policy_checks(env) > checks) == (case not in by_the_webhook | by_neither), case
         decision = mutate(review_request(pod, user=OPERATOR, namespace=ns), {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE},
                           cfg)
         assert decision.allowed, (case, decision.message)

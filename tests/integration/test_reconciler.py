@@ -340,8 +340,11 @@ def test_a_raycluster_is_held_and_admitted_the_same_way(env: Env) -> None:
     admitted = wait(lambda: (lambda o: o if state(o) == "Admitted" else None)(
         env.kube.get(RAYCLUSTERS, "plain-cluster", ns)), 15, "the RayCluster to be admitted")
     assert not admitted["spec"].get("suspend")
+    # Its GPU pods are born gated (a RayJob's templates name the booking instead: the happy path above).
     tpl = admitted["spec"]["workerGroupSpecs"][0]["template"]
-    assert tpl["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
+    assert tpl["spec"]["schedulingGates"] == [{"name": keys.CAPACITY_GATE}]
+    assert tpl["metadata"]["annotations"] == {
+        keys.RAY_OWNER_ANNOTATION: f"RayCluster/plain-cluster/{created['metadata']['uid']}/gpu"}
 
 
 def test_cpu_only_job_is_admitted_without_a_request(env: Env) -> None:
@@ -804,8 +807,9 @@ def test_a_rayservice_cluster_is_held_booked_and_updated_by_the_operator_without
 
 @pytest.mark.kuberay
 def test_outages_let_no_gpu_pod_through_and_a_new_leader_releases_from_the_bookings_there_are(env: Env) -> None:
-    """Webhook down (failurePolicy Fail): KubeRay's GPU pods are still created, gated by the pod gate's policy in
-    the API server (Kubernetes 1.36), and none slips through ungated. Reconciler down: gated pods wait. The next
+    """Webhook down (failurePolicy Fail): KubeRay's GPU pods are still created, born gated from the admitted
+    RayCluster's templates (a RayJob's: gated by the pod gate's policy in the API server, Kubernetes 1.36), and
+    none slips through ungated. Reconciler down: gated pods wait. The next
     leader releases them into the slots the pods that still run leave free, never one more."""
     ns = NS["ray"]
     cluster = RayJob("x", None).head(requests=CPU["requests"]).obj()["spec"]["rayClusterSpec"]
@@ -825,7 +829,7 @@ def test_outages_let_no_gpu_pod_through_and_a_new_leader_releases_from_the_booki
     env.reconcilers.kill9(leader)
     env.cluster.stop_process("rg-reconciler-test-webhook")  # still registered: failurePolicy Fail
     env.kube.delete(PODS, gpu_pods()[0]["metadata"]["name"], ns)
-    wait(lambda: len(gpu_pods()) == 2, 60, "KubeRay's re-create, gated by the policy while the webhook is down")
+    wait(lambda: len(gpu_pods()) == 2, 60, "KubeRay's re-create, born gated while the webhook is down")
     consistently(lambda: sum(pod_gated(p) for p in gpu_pods()) == 1, 3, "the new pod to wait gated, no reconciler")
     start_webhook(env.cluster, name="rg-reconciler-test-webhook")
 

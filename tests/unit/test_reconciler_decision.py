@@ -16,6 +16,8 @@ from raygate.core import keys, podgate
 from raygate.core.api import OFFLINE
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupSpec, for_object, volcano
+from raygate.core.objects import get
+from raygate.core.patch import PatchBuilder
 from raygate.core.policy import NamespacePolicy, merge_override
 from raygate.core.times import parse_time, precise_timestamp, timestamp
 from raygate.core.workload import Workload
@@ -172,6 +174,55 @@ def test_provisioned_admits_in_one_patch_with_consume_annotations() -> None:
                                                   keys.CLASS_ANNOTATION: keys.CHECK_CAPACITY_CLASS}
     head_tpl = after["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
     assert "metadata" not in head_tpl  # only the pod sets that were booked consume the booking
+
+
+def test_provisioned_admits_a_raycluster_whose_gpu_pods_are_born_as_the_pod_gate_leaves_them() -> None:
+    """Where pods are gated, an admitted RayCluster's GPU template carries the gate, the gated label and the record,
+    and names no booking: the pods KubeRay makes from it are ones the pod webhook leaves unchanged, so the API
+    server need not call it (podgate_policy.ARRIVES_GATED)."""
+    from builders import RayCluster, config
+    from builders import request as review_request
+
+    from raygate.core.policy import KUBERAY_OPERATOR_USER
+    from raygate.webhook.decision import mutate
+
+    held = Workload(RayCluster("train", "ns").meta(uid="c1", resourceVersion="41", generation=3)
+                    .label(keys.STATE_LABEL, "Pending").annotation(keys.MODE_ANNOTATION, "provisioning")
+                    .suspend(True).head(requests=CPU).worker("gpu", replicas=2, limits=GPU).obj())
+    w = Workload({**held.obj, "metadata": {**held.obj["metadata"], "labels": {keys.STATE_LABEL: "Provisioning"},
+                                           "annotations": {**held.annotations, keys.ATTEMPT_ANNOTATION: "1",
+                                                           keys.REQUEST_ANNOTATION: rname(held, 1)}}})
+    obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
+                   templates=templates(w))
+    after = applied(w, decide(w, obs, policy(), NOW))
+    assert after["spec"]["suspend"] is False
+    gpu_tpl = after["spec"]["workerGroupSpecs"][0]["template"]
+    assert podgate.gated(gpu_tpl) and gpu_tpl["metadata"]["labels"] == {keys.POD_GATE_LABEL: keys.POD_GATED}
+    assert gpu_tpl["metadata"]["annotations"] == {keys.RAY_OWNER_ANNOTATION: "RayCluster/train/c1/gpu"}
+    assert "metadata" not in after["spec"]["headGroupSpec"]["template"]  # no GPU: never gated
+    assert not podgate.gated(children.template_copy(gpu_tpl))  # what the autoscaler simulates carries no gate
+
+    # The pod KubeRay creates from it: its own labels on top, its controller reference, the template's spec.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "train-gpu-worker-x", "namespace": "ns",
+        "labels": {**gpu_tpl["metadata"]["labels"], keys.RAY_CLUSTER_LABEL: "train", keys.RAY_GROUP_LABEL: "gpu",
+                   keys.RAY_NODE_TYPE_LABEL: "worker"},
+        "annotations": dict(gpu_tpl["metadata"]["annotations"]),
+        "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "train", "uid": "c1",
+                             "controller": True}]}, "spec": gpu_tpl["spec"]}
+    d = mutate(review_request(pod, user=KUBERAY_OPERATOR_USER, namespace="ns"),
+               {keys.OPT_IN_LABEL: keys.OPT_IN_VALUE}, config(mode="provisioning"))
+    assert d.allowed and d.outcome == "unchanged" and not d.patch, d
+
+
+def test_provisioned_admits_a_rayjob_naming_its_booking_in_its_templates_not_born_gated() -> None:
+    """A RayJob's pods belong to the RayCluster KubeRay makes for it: their record names that cluster's uid, which
+    does not exist at admission, so its templates are not stamped (the pod gate gates its pods at create)."""
+    w = provisioning()
+    obs = Observed(requests=(request(w, 1, ("Accepted", "True", "A"), ("Provisioned", "True", "P")),),
+                   templates=templates(w))
+    gpu_tpl = applied(w, decide(w, obs, policy(), NOW))["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]
+    assert not podgate.gated(gpu_tpl) and keys.POD_GATE_LABEL not in (gpu_tpl["metadata"].get("labels") or {})
 
 
 @pytest.mark.parametrize(("attempt", "delay"), [(1, 10), (2, 15)])
@@ -678,6 +729,28 @@ def test_an_admitted_jobs_gated_pods_are_released_into_its_booking() -> None:
     assert [r.name for r in releases] == ["p1", "p2"]
     after = jsonpatch.apply_patch(gated_pod(w, "p1"), list(releases[0].ops))
     assert not podgate.gated(after) and after["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == rname(w, 1)
+
+
+def test_where_pods_are_no_longer_gated_an_admitted_jobs_gated_pods_go_free_and_its_templates_lose_the_gate(
+) -> None:
+    """The namespace's config changed after admission (ProvisioningRequests turned off): nothing books its pods any
+    more, so none may wait gated for a booking; new pods are not born gated either."""
+    w, _ = admitted_with()
+    tpl = ("spec", "rayClusterSpec", "workerGroupSpecs", 0, "template")
+    b = PatchBuilder(w.obj)
+    podgate.born_gated(b, get(w.obj, tpl), tpl, "RayCluster/train/c1/gpu")
+    stamped = jsonpatch.apply_patch(w.obj, b.ops)
+    w, obs = admitted_with(gated_pod(w, "p1"))
+    w = Workload(stamped)
+    plan = decide(w, obs, policy(provisioning={"enabled": False}), NOW)
+    (release,) = [a for a in plan.actions if isinstance(a, ReleasePod)]
+    after = jsonpatch.apply_patch(gated_pod(w, "p1"), list(release.ops))
+    assert not podgate.gated(after) and keys.CONSUME_ANNOTATION not in after["metadata"].get("annotations", {})
+    assert [a.step for a in plan.actions if isinstance(a, PatchJob)] == ["ungate"]
+    template = get(applied(w, plan), tpl)
+    assert not podgate.gated(template) and "schedulingGates" not in template["spec"]
+    assert keys.POD_GATE_LABEL not in template["metadata"]["labels"]
+    assert keys.RAY_OWNER_ANNOTATION not in template["metadata"]["annotations"]
 
 
 def test_a_scale_up_is_booked_from_the_pods_and_its_wait_is_said_on_the_object() -> None:
