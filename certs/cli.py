@@ -106,21 +106,50 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", default=None, metavar="PATH",
         help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account)",
     )
+    parser.add_argument("--as", dest="impersonate", default=None, metavar="USER",
+                        help="act as USER through impersonation (the reconciler passes its own --as)")
 
 
-def connect(kubeconfig: str | None) -> Kube:
+def connect(kubeconfig: str | None, impersonate: str | None = None) -> Kube:
     """raygate's one Kubernetes client: `kubeconfig`, else in-cluster, else $KUBECONFIG or ~/.kube/config."""
     from raygate.kube.client import Kube
 
-    return Kube.connect(kubeconfig, user_agent="raygate-certs")
+    kube = Kube.connect(kubeconfig, user_agent="raygate-certs")
+    kube.impersonate = impersonate
+    return kube
 
 
-def renew_forever(kube: Kube, namespace: str, stop_event: threading.Event) -> None:
-    """Keep the webhook certificate in `namespace` valid until `stop_event` is set (the reconciler runs
-    this with its own client, so its identity and `--as` apply to the Secret and the caBundle too)."""
-    from raygate.certs.ensure import Spec, rotate_forever
+def renew_forever(kubeconfig: str | None, impersonate: str | None, namespace: str, stop_event: threading.Event,
+                  *, interval: float = 3600.0, retry_interval: float = 60.0) -> None:
+    """Keep the webhook certificate in `namespace` valid until `stop_event` is set: `raygate certs ensure` as the
+    reconciler's child process, hourly (every `retry_interval` seconds after a failure: an outage or RBAC).
 
-    rotate_forever(kube, Spec(namespace=namespace), stop_event=stop_event)
+    A child, not a call: the X.509 work needs `cryptography`, which costs the process that imports it about 9 MB
+    for good (docs/benchmarks.md, the whole footprint), for a few hundred milliseconds of work an hour. The child
+    connects as the reconciler does (its kubeconfig or service account, and its `--as`)."""
+    import logging
+    import subprocess
+    import sys
+
+    log = logging.getLogger("raygate.certs")
+    command = [sys.executable, "-m", "raygate", "certs", "ensure", "--namespace", namespace,
+               *(["--kubeconfig", kubeconfig] if kubeconfig else []), *(["--as", impersonate] if impersonate else [])]
+    while not stop_event.is_set():
+        wait = interval
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+            failed = done.returncode != 0
+            output = (done.stderr if failed else done.stdout).strip()
+        except (OSError, subprocess.TimeoutExpired) as err:
+            failed, output = True, str(err)
+        if failed:
+            log.error("certificate rotation failed", extra={"namespace": namespace, "error": output[-2000:],
+                                                            "retry_in_seconds": retry_interval})
+            wait = retry_interval
+        else:  # hourly "unchanged" runs would drown the log at info level
+            log.log(logging.DEBUG if output.startswith("unchanged") else logging.INFO, "certificates ensured",
+                    extra={"namespace": namespace, "summary": output[-2000:]})
+        stop_event.wait(wait)
 
 
 def _ensure(args: argparse.Namespace) -> int:
@@ -142,7 +171,7 @@ def _ensure(args: argparse.Namespace) -> int:
         ),
         out_dir=args.out_dir,
     )
-    result = ensure(connect(args.kubeconfig), spec)
+    result = ensure(connect(args.kubeconfig, args.impersonate), spec)
     print(result.summary(dt.datetime.now(dt.UTC)))
     return 0
 
@@ -154,7 +183,7 @@ def _show(args: argparse.Namespace) -> int:
     if args.dir is not None:
         stored, source = read_files(args.dir), f"directory {args.dir}"
     else:
-        loaded = read_secret(connect(args.kubeconfig), args.namespace, args.secret)
+        loaded = read_secret(connect(args.kubeconfig, args.impersonate), args.namespace, args.secret)
         if not loaded.exists:
             raise RaygateError(
                 f"Secret {args.namespace}/{args.secret} does not exist: run `raygate certs ensure`"

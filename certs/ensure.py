@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -164,30 +163,3 @@ def ensure(kube: Kube, spec: Spec | None = None, now: dt.datetime | None = None)
         },
     )
     return result
-
-
-def rotate_forever(
-    kube: Kube,
-    spec: Spec,
-    *,
-    stop_event: threading.Event,
-    interval: float = 3600.0,
-    retry_interval: float = 60.0,
-) -> None:
-    """Run `ensure` every `interval` seconds until `stop_event` is set; for a daemon thread.
-
-    Failures (API server unreachable, RBAC) are logged and retried after `retry_interval`:
-    rotation must outlive an outage, and the renewal window leaves weeks to succeed.
-    """
-    while not stop_event.is_set():
-        wait = interval
-        try:
-            ensure(kube, spec)
-        except Exception as exc:
-            log.error(
-                "certificate rotation failed",
-                extra={"secret": spec.secret_ref, "error": str(exc), "retry_in_seconds": retry_interval},
-                exc_info=not isinstance(exc, RaygateError),
-            )
-            wait = retry_interval
-        stop_event.wait(wait)

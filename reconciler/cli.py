@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raygate.reconciler")
 
-CertificateRenewal = Callable[["Kube", str, threading.Event], None]
-"""(client, namespace, stop): renews the webhook certificate in `namespace` until stop is set."""
+CertificateRenewal = Callable[[str | None, str | None, str, threading.Event], None]
+"""(kubeconfig, --as user, namespace, stop): renews the webhook certificate in `namespace` until stop is set."""
 
 
 def _positive(text: str) -> float:
@@ -173,7 +173,8 @@ def _housekeeping(kube: Kube, config: ConfigSource, args: argparse.Namespace) ->
     renewal: CertificateRenewal | None = args.renew_certificates if args.manage_certs else None
     return Housekeeping(
         kube, config,
-        renew_certificates=None if renewal is None else (lambda stop: renewal(kube, args.namespace, stop)),
+        renew_certificates=None if renewal is None else (
+            lambda stop: renewal(args.kubeconfig, args.impersonate, args.namespace, stop)),
     ).start()
 
 

@@ -78,7 +78,8 @@ def _clear_certs(cluster: ControlPlane) -> None:
 
 def test_reconciler_issues_the_webhook_certificate_and_injects_its_ca(cluster: ControlPlane) -> None:
     """A cluster install (`--manage-certs`, the default): the Secret appears and both configurations
-    trust its CA. The local runs elsewhere pass --no-manage-certs; the flag given last wins."""
+    trust its CA, and the reconciler's own process never loads the X.509 library (a child does the work). The
+    local runs elsewhere pass --no-manage-certs; the flag given last wins."""
     _clear_certs(cluster)
     for obj in configurations("https://127.0.0.1:1", b"", "Ignore"):  # gates nothing; no caBundle yet
         for hook in obj["webhooks"]:
@@ -102,6 +103,11 @@ def test_reconciler_issues_the_webhook_certificate_and_injects_its_ca(cluster: C
         serving = x509.load_pem_x509_certificates(data["tls.crt"])[0]
         names = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         assert f"{keys.WEBHOOK_SERVICE}.{keys.SYSTEM_NAMESPACE}.svc" in names.get_values_for_type(x509.DNSName)
+        # The X.509 work ran in a child process: the reconciler itself never holds `cryptography` in memory.
+        state = cluster.load_state()
+        assert state is not None
+        with open(f"/proc/{state.pids['certs-reconciler']}/maps") as maps:
+            assert "cryptography" not in maps.read()
     finally:
         cluster.stop_process("certs-reconciler")
         _clear_certs(cluster)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import socket
 from pathlib import Path
 
@@ -114,3 +115,33 @@ def test_show_from_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_show_from_an_empty_directory_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["certs", "show", "--dir", str(tmp_path)]) == 1
     assert "holds no readable tls.crt" in error_line(capsys)
+
+
+def test_the_renewal_loop_runs_certs_ensure_as_a_child_and_logs_why_it_failed() -> None:
+    """The reconciler's renewal: `raygate certs ensure` in a child process; a failure is logged with the child's
+    message and retried."""
+    import threading
+
+    from raygate.certs.cli import renew_forever
+
+    stop = threading.Event()
+    failures: list[logging.LogRecord] = []
+
+    class Stopper(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage() == "certificate rotation failed":
+                failures.append(record)
+                if len(failures) == 2:
+                    stop.set()
+
+    handler = Stopper()
+    logging.getLogger("raygate.certs").addHandler(handler)
+    try:
+        worker = threading.Thread(target=renew_forever, args=("/nonexistent/kubeconfig", None, "ns", stop),
+                                  kwargs={"retry_interval": 0.01}, daemon=True)
+        worker.start()
+        worker.join(60)
+    finally:
+        logging.getLogger("raygate.certs").removeHandler(handler)
+    assert not worker.is_alive() and len(failures) == 2, "a failure is retried, and the loop ends on stop"
+    assert "cannot load the Kubernetes configuration from /nonexistent/kubeconfig" in str(failures[0].__dict__["error"])
