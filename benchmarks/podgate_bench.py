@@ -223,6 +223,12 @@ def apiserver_admission(cp: Any) -> dict[str, float]:
     return out
 
 
+def process_cpu(cp: Any) -> dict[str, float]:
+    """CPU seconds so far of each process of the stack (the API server, KubeRay, raygate's webhook, ...)."""
+    state = cp.load_state()
+    return {name: common.cpu_seconds(common.process_tree(pid)) for name, pid in (state.pids if state else {}).items()}
+
+
 def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """Per series of a round: calls and mean milliseconds."""
     out: dict[str, dict[str, float]] = {}
@@ -456,16 +462,18 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                 kube.create(RAYCLUSTERS, cluster, ns)  # raygate holds it, books it and admits it
                 provisioned = until(lambda n=name, ns=ns: request_provisioned(kube, n, ns), timeout,
                                     f"{name} Provisioned", 0.05)
-                before = apiserver_admission(cp)
+                before, cpu = apiserver_admission(cp), process_cpu(cp)
             else:
                 cluster["spec"]["suspend"] = True
                 kube.create(RAYCLUSTERS, cluster, ns)
-                before = apiserver_admission(cp)
+                before, cpu = apiserver_admission(cp), process_cpu(cp)
                 provisioned = booked_and_started(kube, name, ns, timeout)
             with Connections(webhook_port) as conns:
                 done = until(lambda n=name, ns=ns: bound_workers(kube, n, ns) == GANG, timeout,
                              f"every worker of {name} bound", 0.1)
             seen_by_apiserver[side].append({"admission": admission_delta(before, apiserver_admission(cp)),
+                                            "cpu_s": {k: round(v - cpu.get(k, 0.0), 3)
+                                                      for k, v in process_cpu(cp).items()},
                                             "webhook_connections_opened": conns.opened,
                                             "webhook_connections_at_start": len(conns.before)})
             bound_s[side].append(round(done - provisioned, 2))
@@ -571,6 +579,11 @@ def main(args: argparse.Namespace) -> int:
                  *(f"{conns[side]:.0f}" for side in GANG_SIDES)])
     print(common.table(["", *(f"{SIDE_LABELS[side]}: calls x mean ms" for side in GANG_SIDES)], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
+    cpu = {side: [r["cpu_s"] for r in cap[f"gang-{side}"]["apiserver_by_round"]] for side in GANG_SIDES}
+    busiest = sorted({k for side in GANG_SIDES for r in cpu[side] for k, v in r.items() if v >= 0.05})
+    print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
+        [k, *(f"{statistics.median(r.get(k, 0.0) for r in cpu[side]):.2f}" for side in GANG_SIDES)] for k in busiest],
+        "CPU seconds each process used during a round, Provisioned -> every worker bound (median of the rounds)"))
     one_by_one = cap["one_by_one_creates"]
     series = sorted({k for side in ONE_BY_ONE_SIDES for k in one_by_one[side]})
 

@@ -229,5 +229,6 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
     assert {r["hog_cores"] for r in report["pod_webhook"]} == {0, 1}
     for title in ("The pod webhook (a GPU worker pod, gated)", "a no-op webhook in Go", "the pod gate",
                   "KubeRay's 32 worker creates (first -> last created), each round", "noop / neither",
-                  "What the API server timed during a round", "GPU pods created one by one", "Targets"):
+                  "What the API server timed during a round", "CPU seconds each process used during a round",
+                  "GPU pods created one by one", "Targets"):
         assert title in out, f"{title!r} not printed"
