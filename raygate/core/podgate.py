@@ -194,11 +194,9 @@ def born_gated(b: PatchBuilder, template: Mapping[str, Any], at: Path, record: s
 
 def unstamp(b: PatchBuilder, template: Mapping[str, Any], at: Path) -> None:
     """Take out of the pod template at `at` what born_gated wrote (its namespace no longer gates pods)."""
-    gates = get(template, ("spec", "schedulingGates"))
-    if isinstance(gates, list) and gated(template):
-        kept = [g for g in gates if not (isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)]
-        if kept:
-            b.set((*at, "spec", "schedulingGates"), kept)
+    if gated(template):
+        if others := _other_gates(template):
+            b.set((*at, "spec", "schedulingGates"), others)
         else:
             b.remove((*at, "spec", "schedulingGates"))
     b.remove((*at, "metadata", "labels", keys.POD_GATE_LABEL))
@@ -206,20 +204,24 @@ def unstamp(b: PatchBuilder, template: Mapping[str, Any], at: Path) -> None:
 
 
 def without_stamp(template: JSON) -> JSON:
-    """A pod template without what born_gated writes (a copy for capacity checking simulates pods, not gates)."""
+    """`template` (a copy) without what born_gated writes: a copy for capacity checking simulates pods, not gates."""
     meta = template.get("metadata")
     for kind, key in (("labels", keys.POD_GATE_LABEL), ("annotations", keys.RAY_OWNER_ANNOTATION)):
         if isinstance(meta, dict) and isinstance(meta.get(kind), dict):
             meta[kind].pop(key, None)
     spec = template.get("spec")
-    if isinstance(spec, dict) and isinstance(spec.get("schedulingGates"), list):
-        kept = [g for g in spec["schedulingGates"]
-                if not (isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)]
-        if kept:
-            spec["schedulingGates"] = kept
+    if isinstance(spec, dict) and gated(template):
+        if others := _other_gates(template):
+            spec["schedulingGates"] = others
         else:
             del spec["schedulingGates"]
     return template
+
+
+def _other_gates(pod: Mapping[str, Any]) -> list[Any]:
+    gates = get(pod, ("spec", "schedulingGates"))
+    return [g for g in gates if not (isinstance(g, Mapping) and g.get("name") == keys.CAPACITY_GATE)] if isinstance(
+        gates, list) else []
 
 
 def release_ops(pod: Mapping[str, Any], request: str | None, class_name: str | None) -> list[PatchOp]:

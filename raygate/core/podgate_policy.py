@@ -73,10 +73,9 @@ RECORD = (f"{_CONTROLLER}[0].kind + '/' + {_CONTROLLER}[0].name + '/' + {_CONTRO
 WEBHOOK_ONLY = (f"(has(object.spec.nodeName) && object.spec.nodeName != '') || "
                 f"(has(object.spec.resourceClaims) && object.spec.resourceClaims.size() > 0) || "
                 f"{_in_map(_ANNOTATIONS, keys.GANG_GROUP_ANNOTATION)}")
-# The booking a pod consumes is raygate's to write when it lifts the gate: taken off at create. An admitted job's
+# The booking a pod consumes is raygate's to write when it lifts the gate: taken off at create. An admitted RayJob's
 # pod templates name it, so every pod KubeRay makes for one does.
 NAMES_A_BOOKING = " || ".join(_in_map(_ANNOTATIONS, k) for k in BOOKING_ANNOTATIONS)
-
 
 IS_POD_CREATE = ("request.operation == 'CREATE' && request.resource.group == '' && "
                  "request.resource.resource == 'pods'")

@@ -11,6 +11,7 @@ from builders import config, container
 from builders import request as review_request
 
 from raygate.core import identity, keys, podgate
+from raygate.core.patch import PatchBuilder
 from raygate.core.policy import KUBERAY_OPERATOR_USER as OPERATOR
 from raygate.webhook.decision import mutate, validate
 
@@ -286,3 +287,25 @@ def test_selectors_the_api_server_merges_into_a_pod_at_creation_do_not_change_wh
     assert podgate.match_digest(created, managed) == podgate.match_digest(template, managed)
     other = {**template, "topologySpreadConstraints": [{**spread, "topologyKey": "rack"}]}
     assert podgate.match_digest(other, managed) != podgate.match_digest(template, managed)
+
+
+def test_a_template_born_gated_and_unstamped_is_as_it_was_other_gates_kept() -> None:
+    """born_gated writes what the gate writes on a pod into a pod template; unstamp and the copy for capacity
+    checking take out exactly that."""
+    template = {"metadata": {"labels": {"team": "a"}}, "spec": {"schedulingGates": [{"name": "example.com/q"}],
+                                                                "containers": [{"name": "w"}]}}
+    at = ("spec", "workerGroupSpecs", 0, "template")
+    job = {"spec": {"workerGroupSpecs": [{"template": template}]}}
+    b = PatchBuilder(job)
+    podgate.born_gated(b, template, at, "RayCluster/c/u1/gpu")
+    stamped = jsonpatch.apply_patch(job, b.ops)
+    got = stamped["spec"]["workerGroupSpecs"][0]["template"]
+    assert podgate.gated(got) and got["metadata"]["labels"][keys.POD_GATE_LABEL] == keys.POD_GATED
+    assert got["metadata"]["annotations"] == {keys.RAY_OWNER_ANNOTATION: "RayCluster/c/u1/gpu"}
+    undo = PatchBuilder(stamped)
+    podgate.unstamp(undo, got, at)
+    back = jsonpatch.apply_patch(stamped, undo.ops)["spec"]["workerGroupSpecs"][0]["template"]
+    copied = podgate.without_stamp(copy.deepcopy(got))
+    for t in (back, copied):
+        assert t["spec"] == template["spec"] and t["metadata"]["labels"] == {"team": "a"}
+        assert keys.RAY_OWNER_ANNOTATION not in t["metadata"].get("annotations", {})
