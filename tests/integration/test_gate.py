@@ -673,6 +673,33 @@ def test_a_user_with_edit_on_pods_cannot_edit_a_ray_pods_identity_away(env: Env)
     assert_gate_holds(env, ns)
 
 
+@pytest.mark.parametrize("user", [USER, POD_EDITOR])
+def test_a_user_who_rewrites_the_born_gated_template_gets_new_pods_gated_all_the_same(env: Env, user: str) -> None:
+    """An admitted RayCluster's GPU template carries the gate and the record (born gated). Its user names another
+    object in the record, or takes the gate out, and scales it up: the new pods are still gated, with their own
+    record (the skip checks the record against each pod's real controller, so the policy or the webhook decides
+    them), and wait for a booking of their own."""
+    ns, name = NS["main"], f"restamp-{user}"
+    obj = scaled_up(env, name, 1, 1, user)
+    victim = env.create(ns, raycluster(f"victim-{user}", group("gpu", 1, GPU)))  # held: after it, in the queue
+    path = "/spec/workerGroupSpecs/0/template"
+    # Gate and label kept, the record naming the victim: were the skip to trust the template, the new pods would be
+    # stored as the victim's, and released into its booking once it had one.
+    env.as_user(user, "patch", "raycluster", name, "-n", ns, "--type", "json", "-p", json.dumps([
+        {"op": "replace", "path": f"{path}/metadata/annotations/{keys.RAY_OWNER_ANNOTATION.replace('/', '~1')}",
+         "value": f"RayCluster/{victim['metadata']['name']}/{victim['metadata']['uid']}/gpu"},
+        {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 2}]))
+    wait_gated(env, ns, name, 1, 1)
+    # Then without the gate: the next pod is gated all the same.
+    env.as_user(user, "patch", "raycluster", name, "-n", ns, "--type", "json", "-p", json.dumps([
+        {"op": "remove", "path": f"{path}/spec/schedulingGates"},
+        {"op": "replace", "path": "/spec/workerGroupSpecs/0/replicas", "value": 3}]))
+    wait_gated(env, ns, name, 2, 1)
+    for pod in pods_of(env, ns, name):
+        assert annotations(pod)[keys.RAY_OWNER_ANNOTATION] == f"RayCluster/{name}/{obj['metadata']['uid']}/gpu"
+    assert_gate_holds(env, ns)
+
+
 def _pod_reviews(env: Env) -> float:
     """Pod creates raygate's webhook has answered (its /metrics, every outcome)."""
     ctx = ssl.create_default_context(cafile=str(env.webhook.ca_file))
