@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from raygate.core import keys
 from raygate.core.errors import RaygateError
+from raygate.reconciler.workqueue import BATCH_SECONDS
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -32,12 +33,19 @@ CertificateRenewal = Callable[[str | None, str | None, str, threading.Event], No
 
 
 def _positive(text: str) -> float:
+    if (value := _seconds(text)) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """Seconds, 0 allowed."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
     return value
 
 
@@ -90,6 +98,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
     p.add_argument("--workers", type=_count, default=64, help="jobs reconciled in parallel (default: %(default)s)")
     p.add_argument("--resync-seconds", type=_positive, default=300.0,
                    help="seconds between full passes over every cached job (default: %(default)s)")
+    p.add_argument("--pod-batch-seconds", type=_seconds, default=BATCH_SECONDS,
+                   help="how long a job's pod events wait for the ones that follow before the job is reconciled: "
+                   "a gang's pods are released in a few reconciles, not one per pod event; 0 reconciles on each "
+                   "(default: %(default)s)")
     p.add_argument("--as", dest="impersonate", default=None, metavar="USER",
                    help="act as USER through impersonation, e.g. system:serviceaccount:raygate-system:"
                    "raygate-reconciler when run outside the cluster with admin credentials, so that RBAC and the "
@@ -161,7 +173,8 @@ def _controller(kube: Kube, args: argparse.Namespace) -> tuple[Controller, Confi
     try:
         served = discovery.served(kube)  # the config is checked against what the controller can create
         config = ConfigSource(kube, args.namespace, served=served).start()
-        options = Options(workers=args.workers, resync_seconds=args.resync_seconds)
+        options = Options(workers=args.workers, resync_seconds=args.resync_seconds,
+                          pod_batch_seconds=args.pod_batch_seconds)
         return Controller(kube, config, options, served=served), config
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None

@@ -58,7 +58,7 @@ from raygate.reconciler.plan import (
 )
 from raygate.reconciler.pods import JOBS, PodIndex
 from raygate.reconciler.queues import QueueIndex, rules_of, running_of, waiting_of
-from raygate.reconciler.workqueue import Backoff, WorkQueue, run_workers
+from raygate.reconciler.workqueue import BATCH_SECONDS, Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
@@ -76,6 +76,9 @@ LIST_PAGE = 100
 class Options:
     workers: int = 64
     resync_seconds: float = 300.0
+    # Pod events wait this long for the ones that follow before their job is reconciled (a gang's creates, gate
+    # lifts and binds come in bursts); the Job controller batches its pod events the same way.
+    pod_batch_seconds: float = BATCH_SECONDS
 
 
 def slim(obj: JSON) -> JSON:
@@ -166,7 +169,8 @@ class Controller:
         # Pods: which bookings they consume (a request goes only when its pods have), and the gated ones to
         # release against bookings (reconciler/pods.py).
         self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of=self._owner_of,
-                             on_change=self.queue.add, on_unowned=lambda pod: self.queue.add(Key(POD, *pod)),
+                             on_change=lambda owner: self.queue.add_batched(owner, self.options.pod_batch_seconds),
+                             on_unowned=lambda pod: self.queue.add(Key(POD, *pod)),
                              on_consumers=self._consumers_changed)
         # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).
         self.claim_templates = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=rs, transform=dra.template_view,

@@ -9,6 +9,10 @@ Each key's wait, from when it could first be handed out to when a worker took it
 `on_wait` (the reconciler's queue-wait metric: time a job spent waiting for a worker, not for the
 API server).
 
+Batched keys wait a moment: a key added with `add_batched` (a job whose pods changed) is handed out
+after a short period that every later change joins, as the Job controller batches pod events, so a gang
+of 32 pod creates, gate lifts and binds costs a few reconciles of its job instead of one per event.
+
 Urgent keys go first: a key added with `urgent=True` (a job whose capacity just arrived, so one
 patch admits it) is handed out before the keys that were waiting, so that in a burst an admission
 does not queue behind creations or behind the echoes of earlier writes.
@@ -25,6 +29,10 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+# The reconciler's default batch period for pod events: about the gap between two of KubeRay's pod creates in
+# a gang on a busy API server, so that a burst is a few reconciles, and a pod waits at most this long more.
+BATCH_SECONDS = 0.2
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,7 @@ class WorkQueue(Generic[K]):
         self._queued: set[K] = set()  # keys in a lane or waiting to re-enter one after processing
         self._processing: set[K] = set()
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, seq, key)
+        self._batching: dict[K, int] = {}  # key -> seq of its pending add_batched entry
         self._seq = 0
         self._failures: dict[K, int] = {}
         self._since: dict[K, float] = {}  # when each key in a lane could first be handed out
@@ -92,6 +101,21 @@ class WorkQueue(Generic[K]):
             heapq.heappush(self._delayed, (self.clock() + delay, self._seq, key))
             self._cond.notify()
 
+    def add_batched(self, key: K, period: float) -> None:
+        """Queue `key` once `period` has passed, joined by every add_batched of it until then. A key already
+        waiting for a worker (or to be worked on again) needs nothing more: that run reads the caches after this
+        change."""
+        if period <= 0:
+            self.add(key)
+            return
+        with self._cond:
+            if self._shutdown or key in self._batching or key in self._queued:
+                return
+            self._seq += 1
+            self._batching[key] = self._seq
+            heapq.heappush(self._delayed, (self.clock() + period, self._seq, key))
+            self._cond.notify()
+
     def add_rate_limited(self, key: K) -> float:
         """Queue `key` again after its own backoff; returns the delay chosen."""
         with self._cond:
@@ -113,7 +137,9 @@ class WorkQueue(Generic[K]):
         """Move due delayed keys to the ready list; return seconds until the next one is due."""
         now = self.clock()
         while self._delayed and self._delayed[0][0] <= now:
-            _, _, key = heapq.heappop(self._delayed)
+            _, seq, key = heapq.heappop(self._delayed)
+            if self._batching.get(key) == seq:
+                del self._batching[key]
             if key not in self._queued:
                 self._queued.add(key)
                 if key not in self._processing:

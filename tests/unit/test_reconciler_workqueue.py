@@ -163,3 +163,41 @@ def test_a_key_readded_while_processing_waits_from_when_the_worker_let_go() -> N
     now[0] = 3.5
     assert q.get(0) == "a"
     assert waits == [0.0, 0.5]
+
+
+def test_batched_adds_of_a_key_within_its_period_are_handed_out_once_when_it_ends() -> None:
+    now = [100.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    q.add_batched("a", 0.2)
+    now[0] = 100.1
+    q.add_batched("a", 0.2)  # joins the first: not pushed out to 100.3
+    assert q.get(0) is None
+    now[0] = 100.2
+    assert q.get(0) == "a"
+    q.done("a")
+    assert q.get(0) is None  # one reconcile for both changes
+
+
+def test_a_batched_add_of_a_key_waiting_or_being_worked_on_again_adds_nothing() -> None:
+    now = [100.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    q.add("a")
+    q.add_batched("a", 0.2)  # its worker reads the caches after this change anyway
+    assert q.get(0) == "a"
+    q.add_batched("a", 0.2)  # being worked on, maybe on what it read before: once more, after the period
+    q.done("a")
+    assert q.get(0) is None
+    now[0] = 100.2
+    assert q.get(0) == "a"
+    q.done("a")
+    q.add_batched("a", 0.2)  # a new period starts after the last one was handed out
+    now[0] = 100.3
+    assert q.get(0) is None
+    now[0] = 100.4
+    assert q.get(0) == "a"
+
+
+def test_a_batch_period_of_zero_queues_at_once() -> None:
+    q: WorkQueue[str] = WorkQueue()
+    q.add_batched("a", 0)
+    assert q.get(0) == "a"
