@@ -192,8 +192,13 @@ ADMISSION_SERIES = ("apiserver_admission_webhook_admission_duration_seconds",
                     "apiserver_admission_step_admission_duration_seconds", "apiserver_request_duration_seconds")
 
 
+POD_WRITES = "pod writes"
+POD_WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE")
+
+
 def apiserver_admission(cp: Any) -> dict[str, float]:
-    """{"<series> <labels>:sum|count": value} for the webhook calls, the admission steps and pod POSTs."""
+    """{"<series> <labels>:sum|count": value} for the webhook calls, the admission steps and pod POSTs; and
+    {"pod writes <verb> <subresource>:count": value}."""
     import re
     import ssl
     import urllib.request
@@ -204,7 +209,14 @@ def apiserver_admission(cp: Any) -> dict[str, float]:
         text = resp.read().decode()
     out: dict[str, float] = {}
     line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
+    writes_re = re.compile(r"^apiserver_request_total\{([^}]*)\} (\S+)$")
     for line in text.splitlines():
+        if w := writes_re.match(line):  # every write to a pod, by verb and subresource (a counter: no time)
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', w[1]))
+            if labels.get("resource") == "pods" and labels.get("verb") in POD_WRITE_VERBS:
+                key = f"{POD_WRITES} {labels['verb']} {labels.get('subresource') or '(the pod)'}:count"
+                out[key] = out.get(key, 0.0) + float(w[2])
+            continue
         m = line_re.match(line)
         if not m or m[1] not in ADMISSION_SERIES:
             continue
@@ -229,6 +241,29 @@ def process_cpu(cp: Any) -> dict[str, float]:
     return {name: common.cpu_seconds(common.process_tree(pid)) for name, pid in (state.pids if state else {}).items()}
 
 
+RECONCILER_SERIES = {"raygate_reconciler_queue_wait_seconds": "reconciles",
+                     "raygate_reconciler_api_request_seconds": "API requests"}
+
+
+def reconciler_counts(cp: Any) -> dict[str, float]:
+    """Reconciles so far (keys handed to a worker) and API requests by method, from the reconciler's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from raygate.devenv.raygate_local import reconciler_metrics_port
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{reconciler_metrics_port(cp)}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_count") and (label := RECONCILER_SERIES.get(sample.name[:-6])) is not None:
+                key = f"{label} {sample.labels['method']}" if "method" in sample.labels else label
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """Per series of a round: calls and mean milliseconds."""
     out: dict[str, dict[str, float]] = {}
@@ -237,7 +272,7 @@ def admission_delta(before: dict[str, float], after: dict[str, float]) -> dict[s
         if part != "count" or after[key] - before.get(key, 0.0) <= 0:
             continue
         n = after[key] - before.get(key, 0.0)
-        total = after[f"{series}:sum"] - before.get(f"{series}:sum", 0.0)
+        total = after.get(f"{series}:sum", 0.0) - before.get(f"{series}:sum", 0.0)
         out[series] = {"calls": n, "mean_ms": round(total / n * 1000, 2)}
     return out
 
@@ -399,16 +434,19 @@ def booked_and_started(kube: Kube, name: str, namespace: str, timeout: float) ->
     return at
 
 
-def on_capacity(timeout: float, rounds: int) -> dict[str, Any]:
+def on_capacity(timeout: float, rounds: int, pod_batch_seconds: float | None) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, start_capacity
+    from raygate.reconciler.workqueue import BATCH_SECONDS
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
-    out: dict[str, Any] = {"layout": layout.describe()}
+    batch = BATCH_SECONDS if pod_batch_seconds is None else pod_batch_seconds
+    out: dict[str, Any] = {"layout": layout.describe(), "pod_batch_seconds": batch}
     with common.control_plane(kuberay=True) as cp:
         state = cp.load_state()
         assert state is not None
         start_capacity(cp, state, layout)
-        hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE))
+        hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE),
+                                    reconciler=("--pod-batch-seconds", str(batch)))
         for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # not opted in: raygate sees nothing of them
             cp.kubectl("create", "namespace", ns)
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
@@ -462,11 +500,11 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                 kube.create(RAYCLUSTERS, cluster, ns)  # raygate holds it, books it and admits it
                 provisioned = until(lambda n=name, ns=ns: request_provisioned(kube, n, ns), timeout,
                                     f"{name} Provisioned", 0.05)
-                before, cpu = apiserver_admission(cp), process_cpu(cp)
+                before, cpu, counts = apiserver_admission(cp), process_cpu(cp), reconciler_counts(cp)
             else:
                 cluster["spec"]["suspend"] = True
                 kube.create(RAYCLUSTERS, cluster, ns)
-                before, cpu = apiserver_admission(cp), process_cpu(cp)
+                before, cpu, counts = apiserver_admission(cp), process_cpu(cp), reconciler_counts(cp)
                 provisioned = booked_and_started(kube, name, ns, timeout)
             with Connections(webhook_port) as conns:
                 done = until(lambda n=name, ns=ns: bound_workers(kube, n, ns) == GANG, timeout,
@@ -474,6 +512,8 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
             seen_by_apiserver[side].append({"admission": admission_delta(before, apiserver_admission(cp)),
                                             "cpu_s": {k: round(v - cpu.get(k, 0.0), 3)
                                                       for k, v in process_cpu(cp).items()},
+                                            "reconciler": {k: v - counts.get(k, 0.0)
+                                                           for k, v in reconciler_counts(cp).items()},
                                             "webhook_connections_opened": conns.opened,
                                             "webhook_connections_at_start": len(conns.before)})
             bound_s[side].append(round(done - provisioned, 2))
@@ -525,7 +565,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
     report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores)
-    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds)
+    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, args.pod_batch_seconds)
     cap = report["capacity"]
     ratio = cap["gang-gated"]["provisioned_to_all_bound_s"] / max(cap["gang-ungated"]["provisioned_to_all_bound_s"],
                                                                    1e-9)
@@ -573,19 +613,31 @@ def main(args: argparse.Namespace) -> int:
     calls = {side: _webhook_calls(cap[f"gang-{side}"]["apiserver_by_round"]) for side in GANG_SIDES}
     conns = {side: statistics.median(r["webhook_connections_opened"] for r in cap[f"gang-{side}"]["apiserver_by_round"])
              for side in GANG_SIDES}
+    timed = sorted({k for side in GANG_SIDES for k in calls[side] if not k.startswith(POD_WRITES)})
     rows = [[k, *[f"{calls[side].get(k, {}).get('calls', 0):.0f} x {calls[side].get(k, {}).get('mean_ms', 0):.2f}"
-                  for side in GANG_SIDES]] for k in sorted({k for side in GANG_SIDES for k in calls[side]})]
+                  for side in GANG_SIDES]] for k in timed]
     rows.append(["connections the API server opened to raygate's webhook",
                  *(f"{conns[side]:.0f}" for side in GANG_SIDES)])
     print(common.table(["", *(f"{SIDE_LABELS[side]}: calls x mean ms" for side in GANG_SIDES)], rows,
                        "What the API server timed during a round (its /metrics; median of the rounds)"))
+    writes = sorted({k for side in GANG_SIDES for k in calls[side] if k.startswith(POD_WRITES)})
+    print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
+        [k.removeprefix(POD_WRITES).strip(), *(f"{calls[side].get(k, {}).get('calls', 0):.0f}" for side in GANG_SIDES)]
+        for k in writes], "Writes to pods during a round, by verb and subresource (the API server's "
+                          "apiserver_request_total; median of the rounds)"))
     cpu = {side: [r["cpu_s"] for r in cap[f"gang-{side}"]["apiserver_by_round"]] for side in GANG_SIDES}
     busiest = sorted({k for side in GANG_SIDES for r in cpu[side] for k, v in r.items() if v >= 0.05})
     print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [k, *(f"{statistics.median(r.get(k, 0.0) for r in cpu[side]):.2f}" for side in GANG_SIDES)] for k in busiest],
         "CPU seconds each process used during a round, Provisioned -> every worker bound (median of the rounds)"))
+    work = {side: [r["reconciler"] for r in cap[f"gang-{side}"]["apiserver_by_round"]] for side in GANG_SIDES}
+    print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
+        [k, *(f"{statistics.median(r.get(k, 0.0) for r in work[side]):.0f}" for side in GANG_SIDES)]
+        for k in sorted({k for side in GANG_SIDES for r in work[side] for k in r})],
+        f"raygate's reconciler during a round (its /metrics; median of the rounds; --pod-batch-seconds "
+        f"{cap['pod_batch_seconds']})"))
     one_by_one = cap["one_by_one_creates"]
-    series = sorted({k for side in ONE_BY_ONE_SIDES for k in one_by_one[side]})
+    series = sorted({k for side in ONE_BY_ONE_SIDES for k in one_by_one[side] if not k.startswith(POD_WRITES)})
 
     def cell(side: str, k: str) -> str:
         found = one_by_one[side].get(k)

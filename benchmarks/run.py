@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("--podgate-rounds", type=int, default=5,
                     help="gang rounds, each a gang with the gate, one through the no-op webhook and one through "
                          "neither (default %(default)s)")
+    pg.add_argument("--pod-batch-seconds", type=float, default=None,
+                    help="the reconciler's --pod-batch-seconds (default: the reconciler's own)")
     so = p.add_argument_group("soak")
     so.add_argument("--soak-minutes", type=float, default=30.0,
                     help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "

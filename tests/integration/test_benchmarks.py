@@ -220,6 +220,14 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
     assert gangs["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] >= GANG, gangs["noop"]
     assert not any(k.startswith("webhook mutate") for k in gangs["noop"]), gangs["noop"]
     assert not any(k.startswith("webhook") for k in gangs["ungated"]), gangs["ungated"]
+    # The reconciler's own count of what a round cost it: a patch per worker lifted its gate, in fewer reconciles
+    # than the pod events that triggered them (four per worker: created, released, bound, running).
+    # What the gate adds to the API server's writes: one patch per worker, raygate's, to lift its gate.
+    assert gangs["gated"]["pod writes PATCH (the pod)"]["calls"] >= GANG, gangs["gated"]
+    assert gangs["ungated"].get("pod writes PATCH (the pod)", {}).get("calls", 0) < GANG, gangs["ungated"]
+    work = cap["gang-gated"]["apiserver_by_round"][0]["reconciler"]
+    assert work.get("API requests PATCH", 0) >= GANG, work
+    assert 0 < work["reconciles"] < 4 * GANG, work
     one_by_one = cap["one_by_one_creates"]
     assert one_by_one["webhook"]["webhook mutate.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
     assert one_by_one["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
@@ -230,5 +238,6 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
     for title in ("The pod webhook (a GPU worker pod, gated)", "a no-op webhook in Go", "the pod gate",
                   "KubeRay's 32 worker creates (first -> last created), each round", "noop / neither",
                   "What the API server timed during a round", "CPU seconds each process used during a round",
+                  "raygate's reconciler during a round", "Writes to pods during a round",
                   "GPU pods created one by one", "Targets"):
         assert title in out, f"{title!r} not printed"
