@@ -220,14 +220,15 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
     assert gangs["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] >= GANG, gangs["noop"]
     assert not any(k.startswith("webhook mutate") for k in gangs["noop"]), gangs["noop"]
     assert not any(k.startswith("webhook") for k in gangs["ungated"]), gangs["ungated"]
-    # The reconciler's own count of what a round cost it: a patch per worker lifted its gate, in fewer reconciles
-    # than the pod events that triggered them (four per worker: created, released, bound, running).
     # What the gate adds to the API server's writes: one patch per worker, raygate's, to lift its gate.
     assert gangs["gated"]["pod writes PATCH (the pod)"]["calls"] >= GANG, gangs["gated"]
     assert gangs["ungated"].get("pod writes PATCH (the pod)", {}).get("calls", 0) < GANG, gangs["ungated"]
+    # The reconciler's own count of what a round cost it: those patches, in fewer reconciles than workers, their
+    # pod events batched (four per worker: created, released, bound, running; unbatched, the cluster was
+    # reconciled about 50 times a round).
     work = cap["gang-gated"]["apiserver_by_round"][0]["reconciler"]
     assert work.get("API requests PATCH", 0) >= GANG, work
-    assert 0 < work["reconciles"] < 4 * GANG, work
+    assert 0 < work["reconciles"] < GANG, work
     one_by_one = cap["one_by_one_creates"]
     assert one_by_one["webhook"]["webhook mutate.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
     assert one_by_one["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
