@@ -376,11 +376,12 @@ def bundle() -> Any:
 
 
 @contextlib.contextmanager
-def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False) -> Iterator[Any]:
+def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False,
+                  profiling: bool = False) -> Iterator[Any]:
     """A fresh etcd + kube-apiserver + kube-controller-manager in a temporary directory; every
     process it (and whatever ran on it: webhook, reconciler) started is stopped on the way out.
     `gang`: with Kubernetes' gang scheduling on. `audit`: the API server logs every write
-    (ControlPlane.audit_log), to count writes by writer."""
+    (ControlPlane.audit_log), to count writes by writer. `profiling`: the API server serves CPU profiles."""
     from raygate.devenv.controlplane import ControlPlane
 
     previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
@@ -388,7 +389,7 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
     cp = ControlPlane(workdir, bundle())
     try:
         t0 = time.monotonic()
-        cp.up(kuberay=kuberay, log=False, gang=gang, audit=audit)
+        cp.up(kuberay=kuberay, log=False, gang=gang, audit=audit, profiling=profiling)
         print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
         yield cp
     finally:

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -241,6 +242,68 @@ def process_cpu(cp: Any) -> dict[str, float]:
     return {name: common.cpu_seconds(common.process_tree(pid)) for name, pid in (state.pids if state else {}).items()}
 
 
+# The API server's CPU profile of each gang round (--apiserver-profile): seconds of samples under each of these
+# frames, summed over the rounds of a side (`go tool pprof -top -cum`).
+PROFILE_SECONDS = 6
+PROFILE_FRAMES = {
+    "every update (storage GuaranteedUpdate)": "storage/cacher.(*CacheDelegator).GuaranteedUpdate",
+    "applying JSON patches": "handlers.(*jsonPatcher).applyPatchToCurrentObject",
+    "applying strategic merge patches": "handlers.(*smpPatcher).applyPatchToCurrentObject",
+    "mutating admission": "pkg/admission.chainAdmissionHandler.Admit",
+    "validating admission": "pkg/admission.chainAdmissionHandler.Validate",
+    "webhooks' matchConditions (CEL)": "matchconditions.(*matcher).Match",
+    "serving watches": "handlers.(*WatchServer).HandleHTTP",
+    "Go's garbage collector": "runtime.gcBgMarkWorker",
+}
+
+
+def apiserver_profile(cp: Any, path: Path) -> threading.Thread:
+    """Start taking a PROFILE_SECONDS CPU profile of kube-apiserver into `path` (join the thread for it)."""
+    import ssl
+    import urllib.request
+
+    def take() -> None:
+        ctx = ssl.create_default_context(cafile=str(cp.pki / "ca.crt"))
+        ctx.load_cert_chain(str(cp.pki / "admin.crt"), str(cp.pki / "admin.key"))
+        url = f"{cp.server}/debug/pprof/profile?seconds={PROFILE_SECONDS}"
+        with urllib.request.urlopen(url, context=ctx, timeout=PROFILE_SECONDS + 30) as resp:
+            path.write_bytes(resp.read())
+
+    thread = threading.Thread(target=take, name="apiserver-profile")
+    thread.start()
+    return thread
+
+
+def profile_seconds(paths: list[Path]) -> dict[str, float]:
+    """Seconds of samples in all of `paths`, and under each of PROFILE_FRAMES; {} without Go's pprof."""
+    import shutil
+    import subprocess
+
+    go = shutil.which("go")
+    if go is None or not paths:
+        return {}
+    return frame_seconds(subprocess.run([go, "tool", "pprof", "-top", "-cum", "-nodecount=100000", *map(str, paths)],
+                                        capture_output=True, text=True, check=True).stdout)
+
+
+def frame_seconds(top: str) -> dict[str, float]:
+    """From `go tool pprof -top -cum`'s text: its total, and the cumulative seconds of each of PROFILE_FRAMES."""
+    import re
+
+    def seconds(text: str) -> float:
+        return float(text[:-2]) / 1000 if text.endswith("ms") else float(text.rstrip("s"))
+
+    total = re.search(r"Total samples = (\S+)", top)
+    out = {"all samples": seconds(total[1])} if total else {}
+    for line in top.splitlines():
+        fields = line.split()  # flat flat% sum% cum cum% function
+        if len(fields) == 6:
+            for label, frame in PROFILE_FRAMES.items():
+                if fields[5].endswith(frame):
+                    out[label] = out.get(label, 0.0) + seconds(fields[3])
+    return out
+
+
 RECONCILER_SERIES = {"raygate_reconciler_queue_wait_seconds": "reconciles",
                      "raygate_reconciler_api_request_seconds": "API requests"}
 
@@ -434,14 +497,14 @@ def booked_and_started(kube: Kube, name: str, namespace: str, timeout: float) ->
     return at
 
 
-def on_capacity(timeout: float, rounds: int, pod_batch_seconds: float | None) -> dict[str, Any]:
+def on_capacity(timeout: float, rounds: int, pod_batch_seconds: float | None, profile: bool) -> dict[str, Any]:
     from raygate.devenv.capacity import Layout, start_capacity
     from raygate.reconciler.workqueue import BATCH_SECONDS
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
     batch = BATCH_SECONDS if pod_batch_seconds is None else pod_batch_seconds
     out: dict[str, Any] = {"layout": layout.describe(), "pod_batch_seconds": batch}
-    with common.control_plane(kuberay=True) as cp:
+    with common.control_plane(kuberay=True, profiling=profile) as cp:
         state = cp.load_state()
         assert state is not None
         start_capacity(cp, state, layout)
@@ -456,7 +519,8 @@ def on_capacity(timeout: float, rounds: int, pod_batch_seconds: float | None) ->
             # (2) the gang, on GPU nodes that exist (the autoscaler's own come and go): check-capacity books them.
             common.add_static_gpu_nodes(cp, kube, STATIC_GROUP, GANG // layout.gpus_per_node, layout.gpus_per_node,
                                         timeout)
-            out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout, rounds))
+            out.update(gangs(cp, kube, noop, int(hook.url.rsplit(":", 1)[1]), timeout, rounds,
+                             common.OUT_DIR / "podgate-apiserver-profiles" if profile else None))
             # Last, when the stack has settled (the scale-up's node gone, nothing starting).
             out["one_by_one_creates"] = creates_one_by_one(cp, kube, noop)
         finally:
@@ -485,12 +549,15 @@ def scale_up(kube: Kube, timeout: float) -> dict[str, Any]:
 
 
 def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: float,
-          rounds: int) -> dict[str, Any]:
-    """`rounds` rounds of a GANG-worker RayCluster, each one on every side of GANG_SIDES in turn."""
+          rounds: int, profiles: Path | None = None) -> dict[str, Any]:
+    """`rounds` rounds of a GANG-worker RayCluster, each one on every side of GANG_SIDES in turn. `profiles`: a
+    directory for a CPU profile of the API server from the start of each round (<side>-<round>.pb.gz)."""
     bound_s: dict[str, list[float]] = {side: [] for side in GANG_SIDES}
     phases: dict[str, list[dict[str, float]]] = {side: [] for side in GANG_SIDES}
     seen_by_apiserver: dict[str, list[dict[str, Any]]] = {side: [] for side in GANG_SIDES}
     watches = {side: GangWatch(kube, ns) for side, ns in SIDE_NAMESPACES.items()}
+    if profiles is not None:
+        profiles.mkdir(parents=True, exist_ok=True)
     noop.route(NOOP_NAMESPACE)
     for i in range(rounds):
         for side in GANG_SIDES:
@@ -501,10 +568,12 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                 provisioned = until(lambda n=name, ns=ns: request_provisioned(kube, n, ns), timeout,
                                     f"{name} Provisioned", 0.05)
                 before, cpu, counts = apiserver_admission(cp), process_cpu(cp), reconciler_counts(cp)
+                profiling = apiserver_profile(cp, profiles / f"{side}-{i}.pb.gz") if profiles else None
             else:
                 cluster["spec"]["suspend"] = True
                 kube.create(RAYCLUSTERS, cluster, ns)
                 before, cpu, counts = apiserver_admission(cp), process_cpu(cp), reconciler_counts(cp)
+                profiling = apiserver_profile(cp, profiles / f"{side}-{i}.pb.gz") if profiles else None
                 provisioned = booked_and_started(kube, name, ns, timeout)
             with Connections(webhook_port) as conns:
                 done = until(lambda n=name, ns=ns: bound_workers(kube, n, ns) == GANG, timeout,
@@ -516,6 +585,8 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
                                                            for k, v in reconciler_counts(cp).items()},
                                             "webhook_connections_opened": conns.opened,
                                             "webhook_connections_at_start": len(conns.before)})
+            if profiling is not None:
+                profiling.join()
             bound_s[side].append(round(done - provisioned, 2))
             watch = watches[side]
             until(lambda n=name, w=watch: sum("bound" in p for p in w.pods.get(n, {}).values()) >= GANG, timeout,
@@ -533,7 +604,9 @@ def gangs(cp: Any, kube: Kube, noop: NoopWebhook, webhook_port: int, timeout: fl
     return {f"gang-{side}": {"rounds_s": seconds, "provisioned_to_all_bound_s": statistics.median(seconds),
                              "phases_s": {label: statistics.median(r[label] for r in phases[side])
                                           for label, _, _ in GANG_PHASES},
-                             "phases_by_round_s": phases[side], "apiserver_by_round": seen_by_apiserver[side]}
+                             "phases_by_round_s": phases[side], "apiserver_by_round": seen_by_apiserver[side],
+                             "apiserver_profile_s": profile_seconds(
+                                 [profiles / f"{side}-{i}.pb.gz" for i in range(rounds)] if profiles else [])}
             for side, seconds in bound_s.items()}
 
 
@@ -565,7 +638,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
     report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores)
-    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, args.pod_batch_seconds)
+    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, args.pod_batch_seconds, args.apiserver_profile)
     cap = report["capacity"]
     ratio = cap["gang-gated"]["provisioned_to_all_bound_s"] / max(cap["gang-ungated"]["provisioned_to_all_bound_s"],
                                                                    1e-9)
@@ -630,6 +703,13 @@ def main(args: argparse.Namespace) -> int:
     print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [k, *(f"{statistics.median(r.get(k, 0.0) for r in cpu[side]):.2f}" for side in GANG_SIDES)] for k in busiest],
         "CPU seconds each process used during a round, Provisioned -> every worker bound (median of the rounds)"))
+    if profiled := {side: cap[f"gang-{side}"]["apiserver_profile_s"] for side in GANG_SIDES
+                    if cap[f"gang-{side}"]["apiserver_profile_s"]}:
+        print(common.table(["", *(SIDE_LABELS[side] for side in profiled)], [
+            [label, *(f"{by_frame.get(label, 0.0):.2f}" for by_frame in profiled.values())]
+            for label in ("all samples", *PROFILE_FRAMES)],
+            f"kube-apiserver's CPU by what it did, seconds summed over the rounds ({PROFILE_SECONDS} s profiles "
+            f"from each round's start, `go tool pprof -top -cum`; {common.OUT_DIR / 'podgate-apiserver-profiles'})"))
     work = {side: [r["reconciler"] for r in cap[f"gang-{side}"]["apiserver_by_round"]] for side in GANG_SIDES}
     print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [k, *(f"{statistics.median(r.get(k, 0.0) for r in work[side]):.0f}" for side in GANG_SIDES)]

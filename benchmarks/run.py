@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "neither (default %(default)s)")
     pg.add_argument("--pod-batch-seconds", type=float, default=None,
                     help="the reconciler's --pod-batch-seconds (default: the reconciler's own)")
+    pg.add_argument("--apiserver-profile", action="store_true",
+                    help="serve kube-apiserver's CPU profiles and print where its CPU went in each side's gang rounds "
+                         "(needs Go's pprof: `go tool pprof`)")
     so = p.add_argument_group("soak")
     so.add_argument("--soak-minutes", type=float, default=30.0,
                     help="minutes of mixed traffic, fuzzed reviews and kills before the invariants are checked "

@@ -308,11 +308,12 @@ class ControlPlane:
         return self.logs / "audit.log"
 
     def up(self, *, kuberay: bool = False, apiserver_port: int | None = None, log: bool = True,
-           gang: bool | None = None, audit: bool = False) -> State:
+           gang: bool | None = None, audit: bool = False, profiling: bool = False) -> State:
         """`gang`: Kubernetes' own gang scheduling on (True) or off (False): the Workload and PodGroup API,
         scheduling.k8s.io, served and run, through the feature gates of kube-apiserver, kube-controller-manager
         and kube-scheduler. None: as the running control plane has it (off for a new one). `audit`: a new
-        control plane's kube-apiserver writes an audit log of every write (`audit_log`)."""
+        control plane's kube-apiserver writes an audit log of every write (`audit_log`). `profiling`: a new
+        control plane's kube-apiserver serves Go's CPU profiles (/debug/pprof), for the benchmarks."""
         if not self.bundle.complete:
             raise RaygateError(
                 f"the control-plane binaries are not built in {self.bundle.root}: run `make cluster-bins`"
@@ -343,7 +344,7 @@ class ControlPlane:
             state.extra[GANG_STATE] = "on"
         self.save_state(state)
         try:
-            self._start(state, kuberay=kuberay, audit=audit)
+            self._start(state, kuberay=kuberay, audit=audit, profiling=profiling)
         except BaseException:
             self.down(log=False)
             raise
@@ -352,7 +353,7 @@ class ControlPlane:
                   f"in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
         return state
 
-    def _start(self, state: State, *, kuberay: bool, audit: bool = False) -> None:
+    def _start(self, state: State, *, kuberay: bool, audit: bool = False, profiling: bool = False) -> None:
         self._write_pki()
         self._write_kubeconfig(state.apiserver_port)
         etcd_data = self.workdir / "etcd"
@@ -391,7 +392,7 @@ class ControlPlane:
             *(keys.GANG_APISERVER_FLAGS if gang_scheduling(state) else ()),
             "--allow-privileged=true",
             "--enable-priority-and-fairness=false",
-            "--profiling=false",
+            f"--profiling={str(profiling).lower()}",
             f"--cert-dir={p}",
             "--v=0",
             *(self._audit_args() if audit else []),

@@ -206,7 +206,8 @@ def test_the_preemption_benchmark_preempts_in_one_queue_and_waits_in_the_other(t
 def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(tmp_path: Path) -> None:
     from benchmarks.podgate_bench import GANG, GANG_SIDES, ONE_BY_ONE_PODS
 
-    out, report = run_bench(tmp_path, "podgate", "--podgate-rounds", "1", "--warmup", "0.5", "--duration", "1")
+    out, report = run_bench(tmp_path, "podgate", "--podgate-rounds", "1", "--warmup", "0.5", "--duration", "1",
+                            "--apiserver-profile")
     cap = report["capacity"]
     for side in GANG_SIDES:  # every gang bound whole on each side
         assert len(cap[f"gang-{side}"]["rounds_s"]) == 1, cap[f"gang-{side}"]
@@ -229,6 +230,10 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
     work = cap["gang-gated"]["apiserver_by_round"][0]["reconciler"]
     assert work.get("API requests PATCH", 0) >= GANG, work
     assert 0 < work["reconciles"] < GANG, work
+    # The API server's CPU profile of each round, read by Go's pprof: where its CPU went, its updates among it.
+    for side in GANG_SIDES:
+        profile = cap[f"gang-{side}"]["apiserver_profile_s"]
+        assert 0 < profile["every update (storage GuaranteedUpdate)"] < profile["all samples"], profile
     one_by_one = cap["one_by_one_creates"]
     assert one_by_one["webhook"]["webhook mutate.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
     assert one_by_one["noop"]["webhook noop.bench.raygate.io admit CREATE"]["calls"] == ONE_BY_ONE_PODS
@@ -240,5 +245,6 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
                   "KubeRay's 32 worker creates (first -> last created), each round", "noop / neither",
                   "What the API server timed during a round", "CPU seconds each process used during a round",
                   "raygate's reconciler during a round", "Writes to pods during a round",
+                  "kube-apiserver's CPU by what it did",
                   "GPU pods created one by one", "Targets"):
         assert title in out, f"{title!r} not printed"
