@@ -48,6 +48,7 @@ class Pod:
     group: str | None = None  # the PodGroup it names (spec.schedulingGroup.podGroupName)
     unreadable: str | None = None  # gated pods raygate cannot read the requests of: why (never released or booked)
     bound: bool = False  # scheduled to a node
+    arrived: int = 0  # the order the reconciler first saw it in: who came first within one creation second
 
 
 @dataclass
@@ -135,7 +136,7 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
         released[(s.pod_set, s.digest)] += s.used
     uncovered: dict[Key, list[Pod]] = defaultdict(list)
     unreadable: dict[str, int] = defaultdict(int)  # pod set -> gated pods whose requests cannot be read
-    for p in sorted((p for p in pods if p.gated and p.runs), key=lambda p: (p.created, p.name)):
+    for p in sorted((p for p in pods if p.gated and p.runs), key=lambda p: (p.created, p.arrived, p.name)):
         if p.unreadable is not None:
             unreadable[p.pod_set] += 1
             out.refused.append(f"pod {p.name} stays gated: raygate cannot read what it asks for ({p.unreadable})")
@@ -238,7 +239,8 @@ def _whole_groups(out: GatePlan, uncovered: Mapping[Key, list[Pod]], made: froze
     out.release = kept
 
 
-def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | None = None) -> Pod:
+def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | None = None, arrived: int = 0
+           ) -> Pod:
     annotations = get(pod, ("metadata", "annotations")) or {}
     consumes = annotations.get(keys.CONSUME_ANNOTATION) if isinstance(annotations, Mapping) else None
     is_gated = podgate.gated(pod)
@@ -248,7 +250,8 @@ def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | 
                consumes=consumes if isinstance(consumes, str) and consumes else None,
                digest=digest, obj=dict(pod) if is_gated else {},
                group=group if isinstance(group := get(pod, keys.POD_GROUP_NAME_PATH), str) and group else None,
-               unreadable=unreadable if is_gated else None, bound=bool(get(pod, ("spec", "nodeName"))))
+               unreadable=unreadable if is_gated else None, bound=bool(get(pod, ("spec", "nodeName"))),
+               arrived=arrived)
 
 
 TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})

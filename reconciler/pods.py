@@ -18,6 +18,7 @@ decision right after a release counts them (the same lag note the controller kee
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -110,6 +111,10 @@ class PodIndex:
         self._on_consumers = on_consumers
         self._lock = threading.Lock()
         self._seen: dict[PodKey, Seen] = {}
+        # The order pods were first seen in (a watch delivers them in the order they were written): first come,
+        # first served among pods created in the same second, whose creationTimestamps cannot tell them apart.
+        self._arrived: dict[PodKey, int] = {}
+        self._arrivals = itertools.count()
         self._of: dict[Key, set[PodKey]] = {}
         self._recorded: dict[Key, set[PodKey]] = {}  # pods by the Ray object recorded as theirs
         self._consuming: dict[tuple[str, str], set[str]] = {}  # (namespace, request) -> released pods that run
@@ -212,7 +217,10 @@ class PodIndex:
                         self._recorded.pop(by_record, None)
                 else:
                     self._recorded.setdefault(by_record, set()).add(key)
-            if not gone:
+            if gone:
+                self._arrived.pop(key, None)
+            else:
+                self._arrived.setdefault(key, next(self._arrivals))
                 self._seen[key] = now
                 if owner is not None:
                     self._of.setdefault(owner, set()).add(key)
@@ -270,6 +278,7 @@ class PodIndex:
         raygate cannot read is kept with why: it holds no slot and gets none, and the rest go on."""
         with self._lock:
             keys_ = sorted(self._of.get(owner, set()))
+            arrived = {k: self._arrived.get(k, 0) for k in keys_}
         out = []
         for key in keys_:
             pod = self.get(key)
@@ -282,7 +291,7 @@ class PodIndex:
                     digest = podgate.match_digest(pod.get("spec"), managed)
                 except ManifestError as err:
                     unreadable = str(err)
-            out.append(gating.pod_of(pod, digest, pod_set(pod), unreadable))
+            out.append(gating.pod_of(pod, digest, pod_set(pod), unreadable, arrived[key]))
         return tuple(out)
 
     def bound(self, namespace: str, group: str) -> dict[str, int]:

@@ -26,8 +26,9 @@ def request(name: str, count: int, *conds: tuple[str, str], tpl: str = "t-gpu", 
             "status": {"conditions": [{"type": t, "status": s, "reason": t} for t, s in conds]}}
 
 
-def gated(name: str, digest: str = GPU_DIGEST, created: str = "2030-01-01T00:00:01Z") -> Pod:
-    return Pod(name, created, "gpu", gated=True, runs=True, consumes=None, digest=digest, obj={"metadata": {}})
+def gated(name: str, digest: str = GPU_DIGEST, created: str = "2030-01-01T00:00:01Z", arrived: int = 0) -> Pod:
+    return Pod(name, created, "gpu", gated=True, runs=True, consumes=None, digest=digest, obj={"metadata": {}},
+               arrived=arrived)
 
 
 def released(name: str, request_name: str, runs: bool = True) -> Pod:
@@ -50,6 +51,14 @@ def test_the_admitted_gang_is_released_into_its_booking_and_no_slot_twice() -> N
     p = plan([gated("a"), gated("b"), gated("c")], [request("gang", 2, *PROVISIONED)])
     assert released_into(p) == [("a", "gang"), ("b", "gang")]
     assert [(key, n) for key, n, _ in p.create] == [(("gpu", GPU_DIGEST), 1)]  # the third is a scale-up
+
+
+def test_pods_created_in_the_same_second_are_served_in_the_order_they_came() -> None:
+    """creationTimestamps have one-second resolution: the order the reconciler saw the pods in decides, not their
+    names (a Job's pod "submits-again-..." sorts before "submits-x..." whichever came first)."""
+    p = plan([gated("submits-again-b7d4m", arrived=2), gated("submits-xk2pq", arrived=1)],
+             [request("gang", 1, *PROVISIONED)])
+    assert released_into(p) == [("submits-xk2pq", "gang")]
 
 
 def test_pods_already_released_fill_their_slots_whoever_released_them() -> None:
