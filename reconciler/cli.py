@@ -99,9 +99,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
     p.add_argument("--resync-seconds", type=_positive, default=300.0,
                    help="seconds between full passes over every cached job (default: %(default)s)")
     p.add_argument("--pod-batch-seconds", type=_seconds, default=BATCH_SECONDS,
-                   help="how long a job's pod events wait for the ones that follow before the job is reconciled: "
-                   "a gang's pods are released in a few reconciles, not one per pod event; 0 reconciles on each "
-                   "(default: %(default)s)")
+                   help="a job whose pods changed is reconciled this long after the first change, with every change "
+                   "until then: a gang's pods are released in a few reconciles, not one per pod event; 0 reconciles "
+                   "on each (default: %(default)s)")
+    p.add_argument("--pod-batch-max-seconds", type=_seconds, default=None,
+                   help="wait instead until a job's pods have been quiet for --pod-batch-seconds, at most this long: "
+                   "a gang is released whole once KubeRay has made it, which keeps the releases off its creates but "
+                   "starts the gang later (docs/benchmarks.md; default: no quiet wait)")
     p.add_argument("--as", dest="impersonate", default=None, metavar="USER",
                    help="act as USER through impersonation, e.g. system:serviceaccount:raygate-system:"
                    "raygate-reconciler when run outside the cluster with admin credentials, so that RBAC and the "
@@ -174,7 +178,7 @@ def _controller(kube: Kube, args: argparse.Namespace) -> tuple[Controller, Confi
         served = discovery.served(kube)  # the config is checked against what the controller can create
         config = ConfigSource(kube, args.namespace, served=served).start()
         options = Options(workers=args.workers, resync_seconds=args.resync_seconds,
-                          pod_batch_seconds=args.pod_batch_seconds)
+                          pod_batch_seconds=args.pod_batch_seconds, pod_batch_max_seconds=args.pod_batch_max_seconds)
         return Controller(kube, config, options, served=served), config
     except ApiError as err:
         raise RaygateError(f"cannot reach the API server at {kube.host}: {err}") from None

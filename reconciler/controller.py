@@ -76,9 +76,10 @@ LIST_PAGE = 100
 class Options:
     workers: int = 64
     resync_seconds: float = 300.0
-    # Pod events wait this long for the ones that follow before their job is reconciled (a gang's creates, gate
-    # lifts and binds come in bursts); the Job controller batches its pod events the same way.
+    # A job's pod events (a gang's creates, gate lifts and binds come in bursts) are reconciled this long after the
+    # first of a batch; with a max, once its pods are quiet this long, at the latest max after the first.
     pod_batch_seconds: float = BATCH_SECONDS
+    pod_batch_max_seconds: float | None = None
 
 
 def slim(obj: JSON) -> JSON:
@@ -169,7 +170,8 @@ class Controller:
         # Pods: which bookings they consume (a request goes only when its pods have), and the gated ones to
         # release against bookings (reconciler/pods.py).
         self.pods = PodIndex(kube, rs, LIST_PAGE, owner_of=self._owner_of,
-                             on_change=lambda owner: self.queue.add_batched(owner, self.options.pod_batch_seconds),
+                             on_change=lambda owner: self.queue.add_batched(owner, self.options.pod_batch_seconds,
+                                                                            self.options.pod_batch_max_seconds),
                              on_unowned=lambda pod: self.queue.add(Key(POD, *pod)),
                              on_consumers=self._consumers_changed)
         # DRA claim templates, to count the GPUs pods claim through them (where the cluster serves DRA).

@@ -30,8 +30,8 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-# The reconciler's default batch period for pod events: about the gap between two of KubeRay's pod creates in
-# a gang on a busy API server, so that a burst is a few reconciles, and a pod waits at most this long more.
+# The reconciler's batch period for pod events: several times the gap between two of KubeRay's pod creates in a
+# gang, so a burst is a few reconciles and a pod waits at most this much longer.
 BATCH_SECONDS = 0.2
 
 
@@ -59,7 +59,8 @@ class WorkQueue(Generic[K]):
         self._queued: set[K] = set()  # keys in a lane or waiting to re-enter one after processing
         self._processing: set[K] = set()
         self._delayed: list[tuple[float, int, K]] = []  # heap of (due, seq, key)
-        self._batching: dict[K, int] = {}  # key -> seq of its pending add_batched entry
+        self._batching: dict[K, tuple[int, float, float]] = {}  # key -> (seq, due, deadline) of its add_batched
+        self._stale: set[int] = set()  # seqs of add_batched entries pushed out by a later one
         self._seq = 0
         self._failures: dict[K, int] = {}
         self._since: dict[K, float] = {}  # when each key in a lane could first be handed out
@@ -101,19 +102,28 @@ class WorkQueue(Generic[K]):
             heapq.heappush(self._delayed, (self.clock() + delay, self._seq, key))
             self._cond.notify()
 
-    def add_batched(self, key: K, period: float) -> None:
-        """Queue `key` once `period` has passed, joined by every add_batched of it until then. A key already
-        waiting for a worker (or to be worked on again) needs nothing more: that run reads the caches after this
-        change."""
-        if period <= 0:
+    def add_batched(self, key: K, quiet: float, most: float | None = None) -> None:
+        """Queue `key` once `quiet` seconds pass without another add_batched of it, and at the latest `most`
+        seconds (default: `quiet`) after the first: the changes of a burst are reconciled once, when it ends. A
+        key already waiting for a worker (or to be worked on again) needs nothing more: that run reads the caches
+        after this change."""
+        if quiet <= 0:
             self.add(key)
             return
         with self._cond:
-            if self._shutdown or key in self._batching or key in self._queued:
+            if self._shutdown or key in self._queued:
                 return
+            now = self.clock()
+            live = self._batching.get(key)
+            deadline = live[2] if live is not None else now + max(quiet, most or 0.0)
+            due = min(now + quiet, deadline)
+            if live is not None:
+                if due <= live[1]:
+                    return
+                self._stale.add(live[0])  # pushed out: its heap entry is skipped when it comes up
             self._seq += 1
-            self._batching[key] = self._seq
-            heapq.heappush(self._delayed, (self.clock() + period, self._seq, key))
+            self._batching[key] = (self._seq, due, deadline)
+            heapq.heappush(self._delayed, (due, self._seq, key))
             self._cond.notify()
 
     def add_rate_limited(self, key: K) -> float:
@@ -138,7 +148,10 @@ class WorkQueue(Generic[K]):
         now = self.clock()
         while self._delayed and self._delayed[0][0] <= now:
             _, seq, key = heapq.heappop(self._delayed)
-            if self._batching.get(key) == seq:
+            if seq in self._stale:
+                self._stale.discard(seq)
+                continue
+            if (live := self._batching.get(key)) is not None and live[0] == seq:
                 del self._batching[key]
             if key not in self._queued:
                 self._queued.add(key)

@@ -201,3 +201,30 @@ def test_a_batch_period_of_zero_queues_at_once() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add_batched("a", 0)
     assert q.get(0) == "a"
+
+
+def test_a_burst_of_batched_adds_is_handed_out_once_when_it_has_been_quiet() -> None:
+    now = [100.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    for t in (100.0, 100.1, 100.25):  # each within the quiet period of the one before
+        now[0] = t
+        q.add_batched("a", 0.2, 2.0)
+    now[0] = 100.44
+    assert q.get(0) is None  # 0.19 s after the last: not quiet yet
+    now[0] = 100.45
+    assert q.get(0) == "a"
+    q.done("a")
+    assert q.get(0) is None and len(q) == 0  # the pushed-out entries are gone, not handed out later
+
+
+def test_a_burst_that_does_not_end_is_handed_out_at_its_most() -> None:
+    now = [100.0]
+    q: WorkQueue[str] = WorkQueue(clock=lambda: now[0])
+    handed = []
+    for i in range(31):  # an event every 0.1 s for 3 s
+        now[0] = 100.0 + i / 10
+        q.add_batched("a", 0.2, 2.0)
+        if (key := q.get(0)) is not None:
+            handed.append(now[0])
+            q.done(key)
+    assert handed == [pytest.approx(102.0)]
