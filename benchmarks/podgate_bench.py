@@ -716,11 +716,13 @@ def main(args: argparse.Namespace) -> int:
             f"kube-apiserver's CPU by what it did, seconds summed over the rounds ({PROFILE_SECONDS} s profiles "
             f"from each round's start, `go tool pprof -top -cum`; {common.OUT_DIR / 'podgate-apiserver-profiles'})"))
     work = {side: [r["reconciler"] for r in cap[f"gang-{side}"]["apiserver_by_round"]] for side in GANG_SIDES}
+    batching = f"--pod-batch-seconds {cap['pod_batch_seconds']}"
+    if cap["pod_batch_max_seconds"] is not None:
+        batching += f", --pod-batch-max-seconds {cap['pod_batch_max_seconds']}"
     print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [k, *(f"{statistics.median(r.get(k, 0.0) for r in work[side]):.0f}" for side in GANG_SIDES)]
         for k in sorted({k for side in GANG_SIDES for r in work[side] for k in r})],
-        f"raygate's reconciler during a round (its /metrics; median of the rounds; --pod-batch-seconds "
-        f"{cap['pod_batch_seconds']}, --pod-batch-max-seconds {cap['pod_batch_max_seconds']})"))
+        f"raygate's reconciler during a round (its /metrics; median of the rounds; {batching})"))
     one_by_one = cap["one_by_one_creates"]
     series = sorted({k for side in ONE_BY_ONE_SIDES for k in one_by_one[side] if not k.startswith(POD_WRITES)})
 
