@@ -19,7 +19,7 @@ _Registrar = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], N
 
 
 def _registrars() -> list[_Registrar]:
-    from raygate import explain, release, status
+    from raygate import explain, release, serve, status
     from raygate.certs import cli as certs_cli
     from raygate.reconciler import cli as reconciler_cli
     from raygate.webhook import cli as webhook_cli
@@ -29,6 +29,7 @@ def _registrars() -> list[_Registrar]:
         # The commands wire the components together: the reconciler renews the webhook certificate
         # with the certs component's loop without importing it.
         functools.partial(reconciler_cli.register, renew_certificates=certs_cli.renew_forever),
+        functools.partial(serve.register, renew_certificates=certs_cli.renew_forever),
         certs_cli.register,
         # `explain --kubeconfig` asks a cluster what it serves; explain itself stays a pure decision.
         functools.partial(explain.register, discover=_served_at),

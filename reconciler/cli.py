@@ -81,6 +81,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
         help="namespace of the leader Lease and the raygate-config ConfigMap (default: $POD_NAMESPACE or "
         "%(default)s)",
     )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default: %(default)s)")
+    add_arguments(p)
+    p.set_defaults(func=run, renew_certificates=renew_certificates)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The reconciler's own flags (`raygate reconciler` and `raygate serve`; both add --kubeconfig, --namespace and
+    --log-level themselves)."""
     p.add_argument("--metrics-port", type=int, default=8080,
                    help="port for /metrics, /healthz and /readyz; 0 picks a free port (default: %(default)s)")
     p.add_argument("--identity", default=None,
@@ -113,20 +122,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], *,
     p.add_argument("--manage-certs", action=argparse.BooleanOptionalAction, default=True,
                    help="renew the webhook certificate before it expires (`certs ensure` hourly); "
                    "--no-manage-certs when cert-manager owns it (default: on)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="log level (default: %(default)s)")
-    p.set_defaults(func=run, renew_certificates=renew_certificates)
 
 
 def run(args: argparse.Namespace) -> int:
+    """`raygate reconciler`: until SIGTERM or SIGINT."""
     from raygate.core import logs
+
+    timing = lease_timing(args)
+    logs.setup(args.log_level)
+    run_until(args, timing, _stop_on_signals())
+    return 0
+
+
+def lease_timing(args: argparse.Namespace) -> LeaseTiming:
+    """The leader-election flags, checked: a bad combination stops the command before it connects."""
     from raygate.reconciler.leader import LeaseTiming
 
     try:
-        timing = LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
+        return LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     except ValueError as err:
         raise RaygateError(f"--lease-duration/--renew-deadline/--retry-period: {err}") from None
-    logs.setup(args.log_level)
+
+
+def run_until(args: argparse.Namespace, timing: LeaseTiming, stop: threading.Event) -> None:
+    """Reconcile (as the leader, unless --no-leader-elect) until `stop` is set; raise RaygateError if the API server
+    cannot be reached at start or the Lease is lost."""
     kube = _connect(args)
     controller, config = _controller(kube, args)
     controller.start_informers()
@@ -137,7 +157,6 @@ def run(args: argparse.Namespace) -> int:
                                            "provisioning_request_version": controller.provreq_version,
                                            "group_kinds": sorted(controller.group_kinds),
                                            "gang_scheduling_version": controller.served.gang_version})
-    stop = _stop_on_signals()
     while not controller.synced() and not stop.wait(0.1):
         pass
     config.loaded.wait(30)
@@ -152,7 +171,43 @@ def run(args: argparse.Namespace) -> int:
         housekeeping.stop()
         server.shutdown()
     log.info("reconciler stopped", extra={"identity": identity})
-    return 0
+
+
+class InWorker:
+    """The reconciler on a thread of the process that serves the webhook (`raygate serve`), as Kueue's controller
+    runs its reconcilers beside its webhooks. The webhook's server starts it once its worker has loaded the app,
+    and stops it when the worker exits; if the reconciler ends on its own (the Lease lost, the API server not
+    reachable at start), `exit_worker` ends the worker, whose master starts a fresh one, a clean standby."""
+
+    # Imported in the webhook's master before it forks its worker, which then shares those pages with it.
+    MODULES: tuple[str, ...] = ("raygate.reconciler.controller", "raygate.reconciler.housekeeping",
+                                "raygate.reconciler.leader")
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.timing = lease_timing(args)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, exit_worker: Callable[[], None]) -> None:
+        def body() -> None:
+            try:
+                run_until(self.args, self.timing, self._stop)
+            except RaygateError as err:
+                log.error("the reconciler stopped; restarting the worker", extra={"error": str(err)})
+            except Exception:
+                log.exception("the reconciler failed; restarting the worker")
+            if not self._stop.is_set():
+                exit_worker()
+
+        self._thread = threading.Thread(target=body, name="reconciler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Finish in-flight reconciles and give up the Lease."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
 
 def _connect(args: argparse.Namespace) -> Kube:

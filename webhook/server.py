@@ -9,8 +9,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gunicorn.app.base import BaseApplication
 
@@ -20,6 +21,19 @@ from raygate.webhook.cli import THREADS, WORKERS
 from raygate.webhook.tls import gunicorn_ssl_context
 
 log = logging.getLogger("raygate.webhook")
+
+
+class Companion(Protocol):
+    """Work that runs in the webhook's worker process beside the app: `raygate serve` runs the reconciler so."""
+
+    MODULES: tuple[str, ...]  # imported in the master before it forks the worker, as PRELOAD is
+
+    def start(self, exit_worker: Callable[[], None]) -> None:
+        """In the worker, once the app is loaded; `exit_worker` ends the worker gracefully (its master starts
+        another)."""
+
+    def stop(self) -> None:
+        """In the worker, as it exits."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,7 @@ class ServerOptions:
     log_level: str = "info"
     worker_tmp_dir: str | None = None
     max_request_bytes: int = DEFAULT_MAX_BODY
+    companion: Companion | None = None
 
 
 def _child_exit(server: Any, worker: Any) -> None:
@@ -74,6 +89,9 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
         }
         if o.worker_tmp_dir:
             settings["worker_tmp_dir"] = o.worker_tmp_dir
+        if (companion := o.companion) is not None:
+            settings["post_worker_init"] = lambda worker: companion.start(lambda: setattr(worker, "alive", False))
+            settings["worker_exit"] = lambda server, worker: companion.stop()
         for key, value in settings.items():
             self.cfg.set(key, value)
 
@@ -111,7 +129,7 @@ PRELOAD = (
 )
 
 
-def preload() -> None:
+def preload(extra: tuple[str, ...] = ()) -> None:
     """Import in the master what every worker runs, then freeze it.
 
     Forked workers then share those pages with the master instead of each importing a copy of its own
@@ -120,7 +138,7 @@ def preload() -> None:
     page it visits and so copy it. Threads, sockets and watches still start in each worker (load())."""
     import importlib
 
-    for name in PRELOAD:
+    for name in (*PRELOAD, *extra):
         importlib.import_module(name)
     gc.collect()
     gc.freeze()
@@ -134,5 +152,5 @@ def serve(options: ServerOptions) -> None:
     base = options.worker_tmp_dir or None
     if options.workers > 1:  # one worker answers /metrics from its own registry: no value files to share
         os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="raygate-metrics-", dir=base))
-    preload()
+    preload(options.companion.MODULES if options.companion is not None else ())
     WebhookServer(options).run()

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,21 +114,23 @@ def registration(url: str, ca_pem: bytes, failure_policy: str, source: Path | No
 
 def start_webhook(cp: ControlPlane, *, workers: int = 1, threads: int = 8, register: bool = True,
                   failure_policy: str = "Fail", name: str = "raygate-webhook",
-                  source: Path | None = None) -> LocalWebhook:
+                  source: Path | None = None, reconciler: Sequence[str] | None = None) -> LocalWebhook:
     """raygate's webhook under gunicorn with a fresh certificate, registered by URL unless `register` is false.
-    `source`: run another checkout of raygate (its root), registered as that checkout registers it."""
+    `source`: run another checkout of raygate (its root), registered as that checkout registers it. `reconciler`:
+    run the reconciler in the same process with these arguments (`raygate serve`, one worker; see
+    start_reconciler)."""
     state = cp.load_state()
     if state is None:
         raise RaygateError("start the control plane before the webhook")
     ensure_system_namespace(cp)
     ca_file, cert_file, key_file = write_tls(cp.workdir / name)
     port = free_port()
-    cp.spawn(state, name, [
-        sys.executable, "-m", "raygate", "webhook", "--bind", "127.0.0.1", "--port", str(port),
-        "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file), "--kubeconfig", str(cp.kubeconfig),
-        "--namespace", keys.SYSTEM_NAMESPACE, "--workers", str(workers), "--threads", str(threads),
-        "--worker-tmp-dir", str(cp.workdir / name),
-    ], env=process_env(source))
+    serving = ["--bind", "127.0.0.1", "--port", str(port), "--tls-cert-file", str(cert_file),
+               "--tls-key-file", str(key_file), "--kubeconfig", str(cp.kubeconfig), "--namespace",
+               keys.SYSTEM_NAMESPACE, "--threads", str(threads), "--worker-tmp-dir", str(cp.workdir / name)]
+    command = (["webhook", *serving, "--workers", str(workers)] if reconciler is None
+               else ["serve", *serving, *_reconciler_args(cp, source), *reconciler])
+    cp.spawn(state, name, [sys.executable, "-m", "raygate", *command], env=process_env(source))
     hook = LocalWebhook(f"https://127.0.0.1:{port}", ca_file)
     cp.wait_for(state, name, lambda: hook.readyz()[0] == 200, 30)
     if register:
@@ -177,17 +180,21 @@ def start_reconciler(cp: ControlPlane, *extra: str, name: str = "raygate-reconci
     if state is None:
         raise RaygateError("start the control plane before the reconciler")
     ensure_system_namespace(cp)
+    cp.spawn(state, name, [
+        sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
+        "--namespace", keys.SYSTEM_NAMESPACE, *_reconciler_args(cp, source, impersonate), *extra,
+    ], env=process_env(source))
+
+
+def _reconciler_args(cp: ControlPlane, source: Path | None, impersonate: bool = True) -> list[str]:
+    """The reconciler's flags on the local stack (the install's RBAC applied first when it impersonates)."""
     as_user: list[str] = []
     if impersonate:
         for rbac in reconciler_rbac(source):
             cp.kubectl("apply", "-f", str(rbac))
         as_user = ["--as", RECONCILER_USER]
-    cp.spawn(state, name, [
-        sys.executable, "-m", "raygate", "reconciler", "--kubeconfig", str(cp.kubeconfig),
-        "--namespace", keys.SYSTEM_NAMESPACE, "--metrics-port", "0",
-        # The local webhook is registered by URL with its own certificate: nothing to renew here.
-        "--no-manage-certs", *as_user, *extra,
-    ], env=process_env(source))
+    # The local webhook is registered by URL with its own certificate: nothing to renew here.
+    return ["--metrics-port", "0", "--no-manage-certs", *as_user]
 
 
 def reconciler_metrics_port(cp: ControlPlane, name: str = "raygate-reconciler") -> int | None:
