@@ -16,6 +16,10 @@ from pathlib import Path
 from benchmarks.common import REPO, BenchError
 
 RAYGATE = "raygate"
+# raygate installed as one process (`raygate serve`): it runs and counts as raygate, its reconciler in the
+# webhook's process.
+RAYGATE_SERVE = "raygate-serve"
+VARIANTS = {RAYGATE_SERVE: RAYGATE}
 
 
 def split_side(side: str) -> tuple[str, str | None]:
@@ -25,8 +29,9 @@ def split_side(side: str) -> tuple[str, str | None]:
 
 
 def base_side(side: str) -> str:
-    """The side a `side@ref` is a version of: what it runs and counts as ("raygate")."""
-    return split_side(side)[0]
+    """The side a `side@ref` (or raygate-serve) is a version of: what it runs and counts as ("raygate")."""
+    base = split_side(side)[0]
+    return VARIANTS.get(base, base)
 
 
 def check_sides(sides: list[str], known: tuple[str, ...]) -> list[str]:
@@ -34,10 +39,12 @@ def check_sides(sides: list[str], known: tuple[str, ...]) -> list[str]:
     side in the order given."""
     for side in sides:
         base, ref = split_side(side)
-        if base not in known or ref == "" or (ref is not None and base != RAYGATE):
-            raise BenchError(f"unknown side {side!r}: expected one of {', '.join(known)} or {RAYGATE}@<git ref>")
+        if base_side(side) not in known or ref == "" or (ref is not None and base != RAYGATE):
+            names = [*known, *(v for v, b in VARIANTS.items() if b in known)]
+            raise BenchError(f"unknown side {side!r}: expected one of {', '.join(names)} or {RAYGATE}@<git ref>")
     unique = list(dict.fromkeys(sides))
-    return sorted(unique, key=lambda s: (known.index(base_side(s)), "@" in s, unique.index(s)))
+    return sorted(unique, key=lambda s: (known.index(base_side(s)), "@" in s, split_side(s)[0] in VARIANTS,
+                                         unique.index(s)))
 
 
 def full_sha(ref: str) -> str:

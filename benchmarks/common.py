@@ -420,11 +420,12 @@ def add_static_gpu_nodes(cp: Any, kube: Any, group: str, count: int, gpus: int, 
 
 def start_raygate(cp: Any, config: Mapping[str, Any] | str | None, namespaces: Sequence[str], *,
                   workers: int | None = None, threads: int | None = None, reconciler: Sequence[str] = (),
-                  source: Path | None = None) -> Any:
+                  source: Path | None = None, one_process: bool = False) -> Any:
     """raygate's webhook (`workers` x `threads`, as shipped unless given) and reconciler (with the arguments
     `reconciler`) on the control plane `cp`, with `config` as raygate-config (a mapping or its YAML; None: no
     ConfigMap, so raygate's defaults), and `namespaces` created and opted in. Returns the webhook
-    (raygate_local.LocalWebhook). `source`: another checkout's raygate (benchmarks/baseline.py), not this one."""
+    (raygate_local.LocalWebhook). `source`: another checkout's raygate (benchmarks/baseline.py), not this one.
+    `one_process`: both in one process (`raygate serve`, named raygate-webhook; `workers` is then 1)."""
     import yaml
 
     from raygate.core import keys
@@ -436,8 +437,10 @@ def start_raygate(cp: Any, config: Mapping[str, Any] | str | None, namespaces: S
         text = config if isinstance(config, str) else yaml.safe_dump(dict(config))
         cp.kubectl("create", "configmap", keys.CONFIGMAP_NAME, "-n", keys.SYSTEM_NAMESPACE,
                    f"--from-literal={keys.CONFIGMAP_KEY}={text}")
-    hook = start_webhook(cp, workers=workers or WORKERS, threads=threads or THREADS, source=source)
-    start_reconciler(cp, *reconciler, source=source)
+    hook = start_webhook(cp, workers=workers or WORKERS, threads=threads or THREADS, source=source,
+                         reconciler=list(reconciler) if one_process else None)
+    if not one_process:
+        start_reconciler(cp, *reconciler, source=source)
     for ns in namespaces:
         cp.kubectl("create", "namespace", ns)
         cp.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")

@@ -87,9 +87,10 @@ def raygate_config(provisioned_timeout: float | None) -> str:
         return RAYGATE_CONFIG
     return RAYGATE_CONFIG + f"    provisionedTimeoutSeconds: {provisioned_timeout:g}\n"
 CONTROLLERS = {"raygate": ("raygate-webhook", "raygate-reconciler"), "kueue": ("kueue",)}  # by base side
-TITLES = {"raygate": "raygate", "kueue": "Kueue"}
+TITLES = {"raygate": "raygate", baseline.RAYGATE_SERVE: "raygate, one process", "kueue": "Kueue"}
 # Today's raygate against raygate@<ref> (issue: create -> every pod Running within 5 %, in one run).
 BASELINE_RATIO_LIMIT = 1.05
+FOOTPRINT_LIMIT = 0.8  # raygate as installed against Kueue's controller, by PSS (issue 32)
 BASELINE_MEASURES = ("create -> every Ray pod Running p50", "create -> every Ray pod Running p99")
 
 
@@ -306,13 +307,15 @@ def setup_side(cp: Any, side: str, *, config: str = RAYGATE_CONFIG, namespace: s
 
     kube = _kube(str(cp.kubeconfig), 4)
     base, ref = baseline.split_side(side)
-    if base == "raygate":
+    if base_side(side) == "raygate":
         source = baseline.checkout(ref) if ref else None
+        one_process = base == baseline.RAYGATE_SERVE
         common.start_raygate(cp, config, (namespace,), workers=RAYGATE_WEBHOOK["workers"],
-                             threads=RAYGATE_WEBHOOK["threads"], source=source)
-        _wait_leader(kube, cp.load_state().pids["raygate-reconciler"])
+                             threads=RAYGATE_WEBHOOK["threads"], source=source, one_process=one_process)
+        _wait_leader(kube, cp.load_state().pids["raygate-webhook" if one_process else "raygate-reconciler"])
         return {"config": config, "webhook": RAYGATE_WEBHOOK,
-                "reconciler": "defaults (64 workers, leader election on)", "pod_gate": True,
+                "reconciler": "defaults (64 workers, leader election on)"
+                + (", in the webhook's worker process (raygate serve)" if one_process else ""), "pod_gate": True,
                 "source": f"{source} (git {ref}; its own webhook registration and reconciler RBAC)" if source
                 else "this checkout"}
     cp.kubectl("create", "namespace", namespace)
@@ -451,7 +454,8 @@ def run_one(side: str, n: int, timeout: float, provisioned_timeout: float | None
         tracker = Tracker(set(names))
         watches = start_watches(cp, tracker, side)
         pids = cp.load_state().pids
-        sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[base_side(side)]}).start()
+        sampler = common.PeakSampler({name: pids[name] for name in CONTROLLERS[base_side(side)]
+                                      if name in pids}).start()
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=16)
         manifests = {name: rayjob(name, side) for name in names}
         # The autoscaler must be past its start-up (caches filled, a first loop run) before the first create:
@@ -597,6 +601,7 @@ def main(args: argparse.Namespace) -> int:
                for n in args.e2e_jobs for s in sides if f"{s} {n}" in agg]
     targets += [Target(f"raygate / {c['baseline']}: {c['measure']} ({c['jobs']} jobs)", c["ratio"], "<=",
                        BASELINE_RATIO_LIMIT, "x") for c in against]
+    targets += footprint_targets(agg, args.e2e_jobs, sides)
     from benchmarks import plots
 
     report["pictures"] = [str(p) for p in plots.e2e(runs, common.OUT_DIR)]
@@ -634,6 +639,15 @@ def summary_table(agg: dict[str, dict[str, float]], jobs: list[int], sides: list
     rows.append(["GPU nodes needed", *[c.split()[1] for c in cols]])
     return common.table(headers, rows, "GPU RayJobs from create to every Ray pod Running: raygate and Kueue on the "
                                        "same stack (real cluster-autoscaler, KWOK nodes, kube-scheduler, KubeRay)")
+
+
+def footprint_targets(agg: dict[str, dict[str, float]], jobs: list[int], sides: list[str]) -> list[Target]:
+    """Each raygate side's processes against Kueue's controller by peak PSS (issue 32: at most FOOTPRINT_LIMIT)."""
+    label = "peak PSS MB, the side's processes"
+    return [Target(f"{title(s)} / Kueue: {label} ({n} jobs)", agg[f"{s} {n}"][label] / kueue[label], "<=",
+                   FOOTPRINT_LIMIT, "x")
+            for n in jobs if (kueue := agg.get(f"kueue {n}")) and kueue[label]
+            for s in sides if base_side(s) == "raygate" and f"{s} {n}" in agg]
 
 
 def baseline_comparison(agg: dict[str, dict[str, float]], jobs: list[int], sides: list[str]) -> list[dict[str, Any]]:
@@ -703,8 +717,9 @@ DIFFERENCES = (
     "raygate gates every GPU pod (scheduling gate raygate.io/capacity) until its reconciler lifts it against the "
     "booking; Kueue has no such gate: its pods go to the scheduler as KubeRay creates them.",
     "raygate's webhook is a process of its own (gunicorn: a master and one worker of 4 threads, as shipped) "
-    "besides its reconciler (defaults: 64 workers, leader election on); Kueue serves its webhooks from its one "
-    "controller process (its defaults, leader election off, as raygate's tests run it).",
+    "besides its reconciler (defaults: 64 workers, leader election on); raygate-serve (`raygate serve`) runs "
+    "the same reconciler on threads of the webhook's worker, one process as Kueue's; Kueue serves its webhooks "
+    "from its one controller process (its defaults, leader election off, as raygate's tests run it).",
     "Kueue reserves quota before it makes a request: its ClusterQueue has quota no run can use up, so the check "
     "always passes (raygate has no quota).",
     "raygate's held jobs wait in its queue (priority, then creation, then uid; BestEffortFIFO): only the front has "
