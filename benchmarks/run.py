@@ -91,10 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--e2e-jobs", type=_ints, default=[20, 100],
                    help="GPU RayJobs created at once per run, one fresh stack per side and count (default 20,100)")
     e.add_argument("--e2e-rounds", type=int, default=2, help="rounds, the sides taking turns (default %(default)s)")
-    e.add_argument("--e2e-sides", type=lambda t: t.split(","), default=["raygate", f"raygate@{BASELINE_REF}", "kueue"],
-                   help="comma-separated sides: raygate, kueue, and raygate@<git ref> for raygate as of that ref "
-                        "(exported once into raygate's cache), compared with today's (default raygate,"
-                        f"raygate@{BASELINE_REF},kueue; {BASELINE_REF}: main before the queue)")
+    e.add_argument("--e2e-sides", type=lambda t: t.split(","),
+                   default=["raygate", "raygate-serve", f"raygate@{BASELINE_REF}", "kueue"],
+                   help="comma-separated sides: raygate, raygate-serve (raygate in one process, `raygate serve`), "
+                        "kueue, and raygate@<git ref> for raygate as of that ref (exported once into raygate's cache), "
+                        f"compared with today's (default raygate,raygate-serve,raygate@{BASELINE_REF},kueue; "
+                        f"{BASELINE_REF}: main before the queue)")
     e.add_argument("--e2e-provisioned-timeout", type=float, default=None,
                    help="raygate's provisionedTimeoutSeconds on the raygate side (default: raygate's default)")
     sc = p.add_argument_group("scarce (issue 30: one-node jobs in order on a node group of max 2, raygate and Kueue)")

@@ -179,10 +179,11 @@ def test_webhook_namespace_selector(
 
 
 # --- render checks: workloads ----------------------------------------------------------------------
-@pytest.mark.parametrize("overlay", ["default", "cert-manager"])
+@pytest.mark.parametrize("overlay", ["default", "cert-manager", "one-process"])
 def test_pods_are_hardened(bundle: Bundle, overlay: str) -> None:
     deploys = of_kind(render(bundle, overlay), "Deployment")
-    assert {d["metadata"]["name"] for d in deploys} == {"raygate-webhook", "raygate-reconciler"}
+    assert {d["metadata"]["name"] for d in deploys} == (
+        {"raygate-webhook"} if overlay == "one-process" else {"raygate-webhook", "raygate-reconciler"})
     for deploy in deploys:
         pod = deploy["spec"]["template"]["spec"]
         pod_sc = pod.get("securityContext", {})
@@ -289,7 +290,7 @@ def test_reconciler_deployment(default_objs: list[Obj]) -> None:
         assert _port(c, get["port"]) == port
 
 
-@pytest.mark.parametrize("overlay", ["default", "cert-manager"])
+@pytest.mark.parametrize("overlay", ["default", "cert-manager", "one-process"])
 def test_container_args_are_accepted_by_the_cli(bundle: Bundle, overlay: str) -> None:
     """Every command line the manifests run parses with raygate's own argument parser, so a renamed or
     missing flag fails here rather than in a crash-looping pod."""
@@ -303,6 +304,28 @@ def test_container_args_are_accepted_by_the_cli(bundle: Bundle, overlay: str) ->
             except SystemExit as exc:
                 pytest.fail(f"{overlay}: {deploy['metadata']['name']}/{c['name']} runs `raygate "
                             f"{' '.join(args)}`, which the CLI refuses (exit {exc.code})")
+
+
+def test_one_process_overlay_serves_and_reconciles_from_the_webhooks_pods_as_one_identity(bundle: Bundle) -> None:
+    """config/one-process: the webhook's Deployment runs `raygate serve` as the reconciler's account (whose grants
+    the RBAC cases below check), probes and Service as before, the reconciler's metrics port beside; nothing is
+    left of the webhook's account or of the reconciler's Deployment."""
+    objs = render(bundle, "one-process")
+    (deploy,) = of_kind(objs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == keys.RECONCILER_SERVICE_ACCOUNT
+    (server,) = pod["containers"]
+    args = server["args"]
+    assert args[0] == "serve" and int(_flag(args, "--port")) == keys.WEBHOOK_PORT
+    assert {p["containerPort"] for p in server["ports"]} == {keys.WEBHOOK_PORT, int(_flag(args, "--metrics-port"))}
+    assert server["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert {e["name"] for e in server["env"]} >= {"POD_NAMESPACE", "POD_NAME"}
+    assert deploy["spec"]["replicas"] == 2  # every replica serves; one reconciles
+    sa_subjects = {s["name"] for b in of_kind(objs, "RoleBinding", "ClusterRoleBinding") for s in b["subjects"]}
+    assert sa_subjects == {keys.RECONCILER_SERVICE_ACCOUNT}
+    assert {o["metadata"]["name"] for o in of_kind(objs, "ServiceAccount")} == {keys.RECONCILER_SERVICE_ACCOUNT}
+    assert not [o for o in objs if o["metadata"]["name"] == keys.WEBHOOK_SERVICE_ACCOUNT
+                and o["kind"] not in ("Deployment", "Service", "PodDisruptionBudget")]
 
 
 def test_no_rbac_rule_uses_wildcards_or_reads_secrets_cluster_wide(default_objs: list[Obj]) -> None:
@@ -372,12 +395,12 @@ def system_namespace(cluster: ControlPlane) -> Iterator[str]:
         cluster.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s")
 
 
-@pytest.mark.parametrize("overlay", ["default", "cert-manager", "pod-gate-policy"])
+@pytest.mark.parametrize("overlay", ["default", "cert-manager", "pod-gate-policy", "one-process"])
 def test_server_dry_run(cluster: ControlPlane, bundle: Bundle, system_namespace: str, overlay: str) -> None:
     """The API server accepts every object (schema, webhook and RBAC validation; the pod gate's CEL compiles), and a
     dry run persists nothing."""
     objs = render(bundle, overlay)
-    if overlay in ("default", "pod-gate-policy"):
+    if overlay in ("default", "pod-gate-policy", "one-process"):
         out = cluster.kubectl("apply", "-k", str(CONFIG / overlay), "--dry-run=server")
     else:
         # No cert-manager CRDs in the test cluster: dry-run everything else the overlay changes.

@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import baseline
 from benchmarks.common import REPO, BenchError
-from benchmarks.e2e_bench import SIDES, baseline_comparison, baseline_table, title
+from benchmarks.e2e_bench import SIDES, baseline_comparison, baseline_table, footprint_targets, title
 from raygate.devenv.raygate_local import process_env, reconciler_rbac, registration
 
 
@@ -28,7 +28,23 @@ def test_sides_keep_the_known_order_each_ref_after_its_side() -> None:
         "raygate", "raygate@b", "raygate@a", "kueue"]
 
 
-@pytest.mark.parametrize("side", ["volcano", "kueue@v0.19.2", "raygate@"])
+def test_raygate_serve_runs_and_counts_as_raygate_after_it() -> None:
+    assert baseline.base_side("raygate-serve") == "raygate" and title("raygate-serve") == "raygate, one process"
+    assert baseline.check_sides(["kueue", "raygate-serve", "raygate@a", "raygate"], SIDES) == [
+        "raygate", "raygate-serve", "raygate@a", "kueue"]
+
+
+def test_each_raygate_side_is_held_to_0_8_of_kueues_pss_per_job_count() -> None:
+    pss = "peak PSS MB, the side's processes"
+    agg = {"raygate 20": {pss: 93.0}, "raygate-serve 20": {pss: 70.0}, "kueue 20": {pss: 100.0},
+           "raygate-serve 100": {pss: 90.0}}  # no Kueue at 100: nothing to hold it to
+    targets = footprint_targets(agg, [20, 100], ["raygate", "raygate-serve", "kueue"])
+    assert [(t.name, round(t.value, 2), t.met) for t in targets] == [
+        (f"raygate / Kueue: {pss} (20 jobs)", 0.93, False),
+        (f"raygate, one process / Kueue: {pss} (20 jobs)", 0.7, True)]
+
+
+@pytest.mark.parametrize("side", ["volcano", "kueue@v0.19.2", "raygate@", "raygate-serve@a"])
 def test_an_unknown_side_or_a_ref_of_another_side_is_refused(side: str) -> None:
     with pytest.raises(BenchError, match="unknown side"):
         baseline.check_sides([side], SIDES)
