@@ -67,6 +67,7 @@ def schema() -> dict[str, Any]:
             "webhook": _component({"certsResources": _resources()}),
             "reconciler": _component({"metricsPort": {"type": "integer", "minimum": 1, "maximum": 65535}}),
             "certManager": _obj({"enabled": {"type": "boolean"}}),
+            "oneProcess": _obj({"enabled": {"type": "boolean"}}),
             "kuberayOperator": _obj({
                 "serviceAccount": _obj({
                     "namespace": {"type": "string", "pattern": _DNS_LABEL},

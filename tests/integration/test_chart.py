@@ -114,8 +114,8 @@ def configmap(objs: list[Obj]) -> str:
 
 
 # --- lint and template -----------------------------------------------------------------------------
-@pytest.mark.parametrize("values", [[], ["--set", "certManager.enabled=true", "--set",
-                                         "monitoring.prometheusRule.enabled=true", "--set",
+@pytest.mark.parametrize("values", [[], ["--set", "certManager.enabled=true", "--set", "oneProcess.enabled=true",
+                                         "--set", "monitoring.prometheusRule.enabled=true", "--set",
                                          "monitoring.dashboard.enabled=true"]], ids=["default", "everything-on"])
 def test_lint(bundle: Bundle, helm_env: dict[str, str], values: list[str]) -> None:
     out = helm(bundle, helm_env, "lint", "--strict", str(CHART), "--namespace", NS, *values).stdout
@@ -127,8 +127,9 @@ POLICY_SERVED = ["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmi
 
 @pytest.mark.parametrize(("overlays", "values"),
                          [(["default"], []), (["cert-manager"], ["--set", "certManager.enabled=true"]),
-                          (["default", "pod-gate-policy"], POLICY_SERVED)],
-                         ids=["default", "cert-manager", "kubernetes-1.36"])
+                          (["default", "pod-gate-policy"], POLICY_SERVED),
+                          (["one-process"], ["--set", "oneProcess.enabled=true"])],
+                         ids=["default", "cert-manager", "kubernetes-1.36", "one-process"])
 def test_template_renders_the_kustomize_objects(
     bundle: Bundle, helm_env: dict[str, str], overlays: list[str], values: list[str]
 ) -> None:
