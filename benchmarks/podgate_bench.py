@@ -497,23 +497,26 @@ def booked_and_started(kube: Kube, name: str, namespace: str, timeout: float) ->
     return at
 
 
-def on_capacity(timeout: float, rounds: int, batch: tuple[float | None, float | None], profile: bool
-                ) -> dict[str, Any]:
-    """`batch`: the reconciler's --pod-batch-seconds and --pod-batch-max-seconds (None: its default)."""
+def on_capacity(timeout: float, rounds: int, batch: tuple[float | None, float | None], profile: bool,
+                one_process: bool = False) -> dict[str, Any]:
+    """`batch`: the reconciler's --pod-batch-seconds and --pod-batch-max-seconds (None: its default). `one_process`:
+    raygate as `raygate serve` (the reconciler on threads of the webhook's worker)."""
     from raygate.devenv.capacity import Layout, start_capacity
     from raygate.reconciler.workqueue import BATCH_SECONDS
 
     layout = Layout(cpu_nodes=4, cpu_node_cpu=64, gpu_nodes_max=SCALE_UP // 4 + 2)
     quiet = BATCH_SECONDS if batch[0] is None else batch[0]
     most = batch[1]
-    out: dict[str, Any] = {"layout": layout.describe(), "pod_batch_seconds": quiet, "pod_batch_max_seconds": most}
+    out: dict[str, Any] = {"layout": layout.describe(), "pod_batch_seconds": quiet, "pod_batch_max_seconds": most,
+                           "one_process": one_process}
     with common.control_plane(kuberay=True, profiling=profile) as cp:
         state = cp.load_state()
         assert state is not None
         start_capacity(cp, state, layout)
         hook = common.start_raygate(cp, CONFIG, (NAMESPACE, GANG_NAMESPACE),
                                     reconciler=("--pod-batch-seconds", str(quiet),
-                                                *(("--pod-batch-max-seconds", str(most)) if most is not None else ())))
+                                                *(("--pod-batch-max-seconds", str(most)) if most is not None else ())),
+                                    one_process=one_process)
         for ns in (NOOP_NAMESPACE, PLAIN_NAMESPACE):  # not opted in: raygate sees nothing of them
             cp.kubectl("create", "namespace", ns)
         kube = Kube.connect(str(cp.kubeconfig), user_agent="raygate-bench", pool_size=8)
@@ -643,7 +646,8 @@ def main(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
     report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores)
     batch = (args.pod_batch_seconds, args.pod_batch_max_seconds)
-    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, batch, args.apiserver_profile)
+    report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, batch, args.apiserver_profile,
+                                     args.podgate_one_process)
     cap = report["capacity"]
     ratio = cap["gang-gated"]["provisioned_to_all_bound_s"] / max(cap["gang-ungated"]["provisioned_to_all_bound_s"],
                                                                    1e-9)
@@ -719,6 +723,8 @@ def main(args: argparse.Namespace) -> int:
     batching = f"--pod-batch-seconds {cap['pod_batch_seconds']}"
     if cap["pod_batch_max_seconds"] is not None:
         batching += f", --pod-batch-max-seconds {cap['pod_batch_max_seconds']}"
+    if cap["one_process"]:
+        batching += "; in the webhook's process, raygate serve"
     print(common.table(["", *(SIDE_LABELS[side] for side in GANG_SIDES)], [
         [k, *(f"{statistics.median(r.get(k, 0.0) for r in work[side]):.0f}" for side in GANG_SIDES)]
         for k in sorted({k for side in GANG_SIDES for r in work[side] for k in r})],

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the reconciler's --pod-batch-seconds (default: the reconciler's own)")
     pg.add_argument("--pod-batch-max-seconds", type=float, default=None,
                     help="the reconciler's --pod-batch-max-seconds (default: the reconciler's own)")
+    pg.add_argument("--podgate-one-process", action="store_true",
+                    help="run raygate on real capacity as `raygate serve`, its reconciler in the webhook's process "
+                         "(default: two processes)")
     pg.add_argument("--apiserver-profile", action="store_true",
                     help="serve kube-apiserver's CPU profiles and print where its CPU went in each side's gang rounds "
                          "(needs Go's pprof: `go tool pprof`)")

@@ -197,11 +197,15 @@ def _reconciler_args(cp: ControlPlane, source: Path | None, impersonate: bool = 
     return ["--metrics-port", "0", "--no-manage-certs", *as_user]
 
 
-def reconciler_metrics_port(cp: ControlPlane, name: str = "raygate-reconciler") -> int | None:
-    """The port a local reconciler serves /metrics on: it picks a free one and logs it at start."""
-    log = cp.logs / f"{name}.log"
-    lines = [ln for ln in log.read_text().splitlines() if '"metrics_port"' in ln] if log.exists() else []
-    return int(json.loads(lines[-1])["metrics_port"]) if lines else None
+def reconciler_metrics_port(cp: ControlPlane, name: str | None = None) -> int | None:
+    """The port a local reconciler serves /metrics on: it picks a free one and logs it at start. Without a `name`,
+    raygate-reconciler's, else (`raygate serve`) raygate-webhook's."""
+    for process in (name,) if name else ("raygate-reconciler", "raygate-webhook"):
+        log = cp.logs / f"{process}.log"
+        lines = [ln for ln in log.read_text().splitlines() if '"metrics_port"' in ln] if log.exists() else []
+        if lines:
+            return int(json.loads(lines[-1])["metrics_port"])
+    return None
 
 
 def _running(cp: ControlPlane, name: str) -> bool:
