@@ -4,9 +4,11 @@ raygate's state off a RayJob or RayCluster, wait for one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+import yaml
 from waiting import wait
 
 from raygate.core import keys
@@ -14,6 +16,15 @@ from raygate.core.api import RAYCLUSTERS, RAYJOBS
 from raygate.core.objects import JSON
 from raygate.devenv.controlplane import ControlPlane
 from raygate.kube.client import Kube
+
+
+def apply_config(cluster: ControlPlane, config: Mapping[str, Any]) -> None:
+    """raygate-config in raygate-system (created if missing) holds `config`."""
+    cluster.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
+          "data": {keys.CONFIGMAP_KEY: yaml.safe_dump(dict(config))}}
+    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(cm))
 
 
 def delete_ray_objects(cluster: ControlPlane, namespaces: Iterable[str]) -> None:

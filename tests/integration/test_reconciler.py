@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from builders import RayJob, worker_group
-from raystack import delete_ray_objects
+from raystack import apply_config, delete_ray_objects
 from waiting import consistently, wait
 
 from raygate.core import keys, podgate_policy
@@ -146,11 +146,7 @@ class Env:
 @pytest.fixture(scope="module")
 def env(cluster: ControlPlane) -> Iterator[Env]:
     kube = Kube.connect(str(cluster.kubeconfig), user_agent="raygate-test")
-    cluster.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
-    cm = {"apiVersion": "v1", "kind": "ConfigMap",
-          "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
-          "data": {keys.CONFIGMAP_KEY: yaml.safe_dump(CONFIG)}}
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(cm))
+    apply_config(cluster, CONFIG)
     for ns in NS.values():
         cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("label", "namespace", ns, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")

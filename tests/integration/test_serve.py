@@ -4,7 +4,6 @@ to the container's first process) gives the Lease up."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -14,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 from builders import RayJob, worker_group
-from raystack import delete_ray_objects
+from raystack import apply_config, delete_ray_objects
 from waiting import wait
 
 from raygate.core import keys
@@ -82,11 +80,7 @@ class Serve:
 @pytest.fixture(scope="module")
 def serve(cluster: ControlPlane) -> Iterator[Serve]:
     kube = Kube.connect(str(cluster.kubeconfig), user_agent="raygate-test")
-    cluster.kubectl("create", "namespace", keys.SYSTEM_NAMESPACE, check=False)
-    cm = {"apiVersion": "v1", "kind": "ConfigMap",
-          "metadata": {"name": keys.CONFIGMAP_NAME, "namespace": keys.SYSTEM_NAMESPACE},
-          "data": {keys.CONFIGMAP_KEY: yaml.safe_dump(CONFIG)}}
-    cluster.kubectl("apply", "-f", "-", input_text=json.dumps(cm))
+    apply_config(cluster, CONFIG)
     cluster.kubectl("create", "namespace", NS)
     cluster.kubectl("label", "namespace", NS, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
     kube.delete(LEASES, keys.LEADER_LEASE, keys.SYSTEM_NAMESPACE)  # a Lease left by another module's reconciler
