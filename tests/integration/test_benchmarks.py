@@ -110,9 +110,10 @@ def test_the_e2e_comparison_runs_every_job_on_both_sides_and_draws_its_pictures(
 
     # Not the earlier raygate `make bench` also runs (raygate@<ref>): a third stack; tests/unit/test_e2e_baseline.py
     # covers its export and registration.
-    out, report = run_bench(tmp_path, "e2e", "--e2e-jobs", "2", "--e2e-rounds", "1", "--e2e-sides", "raygate,kueue")
+    out, report = run_bench(tmp_path, "e2e", "--e2e-jobs", "2", "--e2e-rounds", "1", "--e2e-sides",
+                            "raygate,raygate-serve,kueue")
     runs = report["runs"]
-    assert sorted(r["side"] for r in runs) == ["kueue", "raygate"]
+    assert sorted(r["side"] for r in runs) == ["kueue", "raygate", "raygate-serve"]
     for r in runs:
         # Every job reached Running, through every milestone, on capacity the real autoscaler added.
         assert r["all_running"] and r["running"] == 2, (r["side"], r["running"])
@@ -122,9 +123,14 @@ def test_the_e2e_comparison_runs_every_job_on_both_sides_and_draws_its_pictures(
         assert r["writes"]["by_writer"].get("cluster-autoscaler", 0) > 0, r["writes"]["by_writer"]
         assert r["autoscaler"]["loops"] > 0
     # Both columns filled: every row of the table has a figure for each side.
-    for side in ("raygate 2", "kueue 2"):
+    for side in ("raygate 2", "raygate-serve 2", "kueue 2"):
         empty = [row for row in SUMMARY_ROWS if report["median"][side][row] != report["median"][side][row]]  # NaN
         assert empty == [], (side, empty)
+    # raygate serve is one process tree (the reconciler inside the webhook's), measured as raygate's footprint.
+    serve = next(r for r in runs if r["side"] == "raygate-serve")
+    assert list(serve["peak_pss_mb"]) == ["raygate-webhook"] and serve["peak_pss_mb"]["raygate-webhook"] > 0
+    for side in ("raygate", "raygate, one process"):
+        assert f"{side} / Kueue: peak PSS MB, the side's processes (2 jobs)" in out
     assert report["median"]["raygate 2"]["API writes per job, the side's own"] > 0
     assert report["median"]["kueue 2"]["API writes per job, the side's own"] > 0
     for title in ("GPU RayJobs from create to every Ray pod Running", "raygate, 2 jobs", "Kueue, 2 jobs",
