@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from raygate.core import booking, dra, identity, keys, logs, podgate
+from raygate.core import booking, dra, identity, keys, logs, podgate, preemption
 from raygate.core.api import CLAIM_TEMPLATES, EVENTS, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
@@ -532,7 +532,8 @@ class Controller:
                        retry_conflict: bool) -> None:
         w = Workload(obj, self._claim_template)
         rules = for_object(self.config.config.policy_for(w.namespace), w.annotations)
-        obs = self._observed(w.namespace, kids, key, rules.policy)
+        obs = self._observed(w.namespace, kids, key, rules.policy,
+                             str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or ""))
         prerequisite = prerequisite_to_check(w, rules, obs)
         if prerequisite is not None:
             obs = dataclasses.replace(obs, prerequisite=self._read(prerequisite))
@@ -667,7 +668,7 @@ class Controller:
                 self._gone.add(ck)
 
     def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: Key | None = None,
-                  policy: NamespacePolicy | None = None) -> Observed:
+                  policy: NamespacePolicy | None = None, preempting: str = "") -> Observed:
         every = kids.get(ChildKind.PROVISIONING_REQUEST, [])
         consumers = {name: n for r in every if (n := self.pods.consumers(namespace, name := meta_str(r, "name")))}
         return Observed(
@@ -682,19 +683,21 @@ class Controller:
             served=self.served,
             bound={meta_str(g, "name"): self.pods.bound(namespace, meta_str(g, "name"))
                    for kind in self.group_kinds for g in kids.get(kind, ())},
-            **self._turn(key, every),
+            **self._turn(key, every, preempting),
         )
 
-    def _turn(self, key: Key | None, requests: list[JSON]) -> dict[str, Any]:
+    def _turn(self, key: Key | None, requests: list[JSON], preempting: str) -> dict[str, Any]:
         """The job's turn in its queue, the queue, when its capacity last freed, what the queue does with a job
-        that never fits, and what the autoscaler said of its requests (Observed's fields)."""
+        that never fits, what the autoscaler said of its requests, and what it may preempt, given its record of
+        those it preempted (`preempting`) (Observed's fields)."""
         name = self.queues.queue_of(key) if key is not None else None
         if key is None or name is None:
             return {}
         queue = self.config.config.queues.get(name) or QueuePolicy()
         waiting = self.queues.waiting(key)
         preempt = Preempting(queue.min_run_seconds, waiting.priority if waiting else 0,
-                             tuple(self.queues.running(name))) \
+                             tuple(self.queues.running(name)),
+                             {v: self.pods.consuming(v) for v in preemption.recorded(preempting)[1]}) \
             if queue.preemption is keys.Preemption.LOWER_PRIORITY else None
         return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name),
                 "never_fits": queue.never_fits, "said": self._said(key.namespace, requests), "preempt": preempt}

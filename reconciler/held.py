@@ -530,23 +530,26 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     """The front, answered "not now", in a queue that preempts: it suspends the fewest running jobs of lower
     priority whose bookings cover its gang, and asks again once their pods are gone (capacity freed). None: it
     waits as any front does (nobody to preempt, or it waits for those it preempted)."""
-    at, _, jobs = str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or "").partition(" ")
+    at, before = preemption.recorded(str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or ""))
     since = parse_time(at)
     freed = parse_time(obs.freed)
-    # It waits for its victims' pods to go, then for the autoscaler to see the room they left (its first answers
-    # after that may still be "not now": its view of the nodes lags a loop or more); each wait is at most
-    # provisionedTimeoutSeconds (a victim that was no longer running frees nothing), after which it may preempt
-    # again. Preempting again on the first "not now" after the pods went would suspend a second job for room the
-    # first one already gave.
+    # It waits for its victims' pods to go, however long KubeRay and the kubelets take: their room is on its way,
+    # and suspending another job for it would stop one more for nothing. Then it waits for the autoscaler to see
+    # the room (its first answers after that may still be "not now": its view of the nodes lags a loop or more),
+    # at most provisionedTimeoutSeconds, after which it may preempt again. A victim that ran no pod frees
+    # nothing: that wait counts from the preemption.
+    going = [str(k) for k in before if preempt.going.get(k)]
     gone = freed is not None and since is not None and freed > since
     start = freed if gone else since
     timeout = rules.policy.provisioning.provisioned_timeout_seconds
-    if since is not None and start is not None and (left := timeout - (now - start).total_seconds()) > 0:
-        victims = jobs.replace(",", ", ")
+    if since is not None and start is not None and (
+            going or (left := timeout - (now - start).total_seconds()) > 0):
+        victims = ", ".join(map(str, before))
         hold(w, f"{_where(obs)}it preempted {victims} at {at} to make room; " + (
+            f"it waits for the pods of {', '.join(going)} to go" if going else
             "their pods are gone, and it waits for the cluster-autoscaler to see the room" if gone else
             "it asks the cluster-autoscaler again when their pods are gone"), "Preempting", plan, at)
-        plan.requeue(left)
+        plan.requeue(timeout if going else left)  # a pod going is an event too; this is the backstop
         plan.outcome = Outcome.WAITING
         return plan
     try:
@@ -563,7 +566,7 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     why = (f"{_where(obs)}the cluster-autoscaler has no room now: it preempted {', '.join(names)} (lower "
            f"priority; their bookings hold {freeing}) and asks again when their pods are gone")
     b = builder(w)
-    b.set(annotation(keys.PREEMPTING_ANNOTATION), f"{stamp} {','.join(names)}")
+    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.key for v in chosen]))
     b.set(annotation(keys.REASON_ANNOTATION), why[:1000])
     suspend = ({"op": "test", "path": pointer(STATE_PATH), "value": keys.State.ADMITTED.value},
                {"op": "add", "path": "/spec/suspend", "value": True},

@@ -152,6 +152,9 @@ class Preempting:
     min_run_seconds: int
     priority: int  # the job's own
     running: tuple[Running, ...]  # the admitted jobs of its queue
+    # The jobs it preempted (its raygate.io/preempting record) -> their pods that consume a booking and still
+    # run: room on its way, which nothing else may be suspended for.
+    going: Mapping[Key, int] = field(default_factory=dict)
 
 
 

@@ -299,6 +299,13 @@ class PodIndex:
         with self._lock:
             return dict(self._bound.get((namespace, group), {}))
 
+    def consuming(self, owner: Key) -> int:
+        """Pods of `owner` that consume one of its requests and still run (the last one to go frees its queue's
+        capacity)."""
+        with self._lock:
+            return sum(1 for k in self._of.get(owner, ()) if (s := self._seen.get(k)) and s.consumes and s.runs
+                       and not s.gated)
+
     def consumers(self, namespace: str, request: str) -> int:
         """Pods that consume `request` and still run (released pods only: a gated pod consumes nothing)."""
         with self._lock:

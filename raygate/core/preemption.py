@@ -86,6 +86,17 @@ def victims(priority: int, need: Room, running: Sequence[Running], now: dt.datet
     return chosen if need else []
 
 
+def recorded(value: str) -> tuple[str, tuple[Key, ...]]:
+    """When the front preempted and whom, from its raygate.io/preempting annotation ("<time> <key>,<key>")."""
+    at, _, jobs = value.partition(" ")
+    return at, tuple(k for k in map(Key.parse, jobs.split(",")) if k is not None)
+
+
+def record(at: str, victims: Sequence[Key]) -> str:
+    """The raygate.io/preempting annotation's value (recorded() reads it)."""
+    return f"{at} {','.join(map(str, victims))}"
+
+
 def totals(rooms: Sequence[Room]) -> dict[str, Decimal]:
     """Totals per resource (for what a message says was freed)."""
     out: dict[str, Decimal] = {}

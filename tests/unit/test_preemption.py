@@ -3,6 +3,7 @@ how the front suspends them, and how a preempted job goes back to its queue."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from decimal import Decimal
 
@@ -149,3 +150,29 @@ def test_once_its_victims_pods_are_gone_the_front_gives_the_autoscaler_time_to_s
     # Still not Provisioned provisionedTimeoutSeconds (300 here) after the room was freed: it preempts again.
     plan = decide(after, stale, policy(), freed + dt.timedelta(seconds=301))
     assert plan.outcome is Outcome.PREEMPTING and "preempt RayJob ns/other" in kinds(plan)
+
+
+def test_while_its_victims_pods_still_run_the_front_preempts_nobody_else_however_long_they_take() -> None:
+    """KubeRay deletes a suspended job's pods, and a loaded node takes its time: the room they hold is on its way,
+    and suspending a second job for it would stop one more for nothing."""
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
+    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    later = NOW + dt.timedelta(seconds=301)  # past provisionedTimeoutSeconds (300 here)
+    obs = in_queue(FRONT, requests=(not_now(after, later - dt.timedelta(seconds=1)),), templates=templates(w),
+                   preempt=Preempting(0, 100, (other,), going={low.key: 2}))
+    waits = decide(after, obs, policy(), later)
+    assert waits.outcome is Outcome.WAITING and not any(isinstance(a, Preempt) for a in waits.actions)
+    assert "it waits for the pods of RayJob ns/low to go" in reason(waits, after)
+    # Once they are gone (and the autoscaler had its time), it may preempt again.
+    gone = dataclasses.replace(obs, preempt=Preempting(0, 100, (other,), going={low.key: 0}))
+    assert "preempt RayJob ns/other" in kinds(decide(after, gone, policy(), later))
+
+
+def test_the_preempting_record_reads_back_the_victims_it_wrote() -> None:
+    victims = [Key("RayJob", "ns", "a"), Key("RayCluster", "other", "b")]
+    assert preemption.recorded(preemption.record("2030-01-01T12:00:00.000Z", victims)) == (
+        "2030-01-01T12:00:00.000Z", tuple(victims))
+    assert preemption.recorded("") == ("", ())
