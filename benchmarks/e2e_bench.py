@@ -716,7 +716,7 @@ DIFFERENCES = (
     "check-capacity (raygate's default) never adds a node.",
     "raygate gates every GPU pod (scheduling gate raygate.io/capacity) until its reconciler lifts it against the "
     "booking; Kueue has no such gate: its pods go to the scheduler as KubeRay creates them.",
-    "raygate's webhook is a process of its own (gunicorn: a master and one worker of 4 threads, as shipped) "
+    "raygate's webhook is a process of its own (gunicorn: a master and one worker of 2 threads, as shipped) "
     "besides its reconciler (defaults: 64 workers, leader election on); raygate-serve (`raygate serve`) runs "
     "the same reconciler on threads of the webhook's worker, one process as Kueue's; Kueue serves its webhooks "
     "from its one controller process (its defaults, leader election off, as raygate's tests run it).",

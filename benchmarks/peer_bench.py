@@ -22,7 +22,7 @@ turns round after round, so a machine that gets busier or quieter shifts both al
 4. The controller's peak RSS (VmHWM): raygate's reconciler; Kueue's manager, which also serves its
    webhooks (raygate's webhook is a separate process, shown apart).
 
-The sides: raygate as shipped (webhook: one gunicorn worker of 4 threads, reconciler defaults); Kueue as
+The sides: raygate as shipped (webhook: one gunicorn worker of 2 threads, reconciler defaults); Kueue as
 raygate's tests run it (its built-in defaults); Kueue with the controller settings its own Helm chart
 ships (read from the pinned module). The JSON records every setting of each side.
 """
@@ -485,7 +485,7 @@ DIFFERENCES = (
     "at once and asks for all. The benchmark provisions each request as it appears, for both sides alike.",
     "Kueue's jobs carry kueue.x-k8s.io/queue-name (its opt-in); raygate's namespace carries raygate's "
     "opt-in label: each side's documented way to manage a job, the RayJob is otherwise identical.",
-    "raygate's webhook runs as its own process (gunicorn: a master and one worker of 4 threads, as shipped); "
+    "raygate's webhook runs as its own process (gunicorn: a master and one worker of 2 threads, as shipped); "
     "Kueue serves its webhooks from the manager process: both sit in the path of every create and every update of "
     "a RayJob.",
     "Kueue (defaults) runs with leader election off, as raygate's tests run it; Kueue (Helm chart) with the "

@@ -1,7 +1,7 @@
 """What the gate at the pod costs: the pod webhook's latency, a gang's Provisioned -> every pod bound with
 the gate and without it, and a scale-up's pods from creation to bound on the real cluster-autoscaler.
 
-1. Pod reviews served over TLS (the shipped webhook, one worker x 4 threads): a CREATE of a GPU worker pod
+1. Pod reviews served over TLS (the shipped webhook, one worker x 2 threads): a CREATE of a GPU worker pod
    as KubeRay makes it, which the webhook gates, at concurrency 1 and 8. Target p99 <= 5 ms at 8.
 2. A RayCluster of 32 GPU workers on GPU nodes that exist (check-capacity books them), measured from
    the moment its request is Provisioned to every worker bound, in rotating rounds on three sides (GANG_SIDES):
@@ -82,15 +82,16 @@ def pod_review(pod: JSON) -> JSON:
     return review
 
 
-def served(warmup: float, duration: float, hog_cores: int) -> list[dict[str, Any]]:
-    """The pod webhook at concurrency 1 and 8, idle, then beside a CPU hog of `hog_cores` cores (0: idle only)."""
+def served(warmup: float, duration: float, hog_cores: int, threads: int = WEBHOOK_THREADS) -> list[dict[str, Any]]:
+    """The pod webhook (one worker of `threads` threads) at concurrency 1 and 8, idle, then beside a CPU hog of
+    `hog_cores` cores (0: idle only)."""
     from raygate.devenv import raygate_local
 
     bodies = [orjson.dumps(pod_review(gpu_pod(i))) for i in range(256)]
     with common.control_plane() as cp:
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{keys.OPT_IN_LABEL}={keys.OPT_IN_VALUE}")
-        hook = raygate_local.start_webhook(cp, workers=WEBHOOK_WORKERS, threads=WEBHOOK_THREADS, register=False,
+        hook = raygate_local.start_webhook(cp, workers=WEBHOOK_WORKERS, threads=threads, register=False,
                                            name="podgate-webhook")
         state = cp.load_state()
         if state is None:
@@ -644,7 +645,7 @@ def _webhook_calls(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def main(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     report: dict[str, Any] = {"benchmark": "podgate", "started": common.now_iso(), "machine": common.machine_info()}
-    report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores)
+    report["pod_webhook"] = served(args.warmup, args.duration, args.hog_cores, args.podgate_threads)
     batch = (args.pod_batch_seconds, args.pod_batch_max_seconds)
     report["capacity"] = on_capacity(args.timeout, args.podgate_rounds, batch, args.apiserver_profile,
                                      args.podgate_one_process)
@@ -665,7 +666,7 @@ def main(args: argparse.Namespace) -> int:
              f"{r['hog_cpu_cores']:.2f}" if r["hog_cores"] else ""] for r in report["pod_webhook"]]
     print(common.table(["", "reviews", "p50 ms", "p99 ms", "server CPU ms/review", "the hog's CPU (cores)"], rows,
                        f"The pod webhook (a GPU worker pod, gated), served over TLS, {WEBHOOK_WORKERS} worker(s) x "
-                       f"{WEBHOOK_THREADS} threads"))
+                       f"{args.podgate_threads} threads"))
 
     def gang(side: str) -> list[Any]:
         return [", ".join(f"{s:.2f}" for s in cap[f"gang-{side}"]["rounds_s"]),

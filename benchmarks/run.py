@@ -14,6 +14,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from raygate.webhook.cli import THREADS as WEBHOOK_THREADS
+from raygate.webhook.cli import WORKERS as WEBHOOK_WORKERS
+
 # The raygate the e2e benchmark compares today's with: main before the queue (issues 30 and 31).
 BASELINE_REF = "1e155ff"
 
@@ -55,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--iterations", type=int, default=20000, help="pure-decision iterations per case")
     w.add_argument("--settings", type=_settings, default=None,
                    help="gunicorn WORKERSxTHREADS to try, the first judged against the targets "
-                        "(default: 1x4,1x8,2x8,2x4; raygate webhook ships with 1x4)")
+                        f"(default: {WEBHOOK_WORKERS}x{WEBHOOK_THREADS},1x4,2x2,2x4; raygate webhook ships with "
+                        f"{WEBHOOK_WORKERS}x{WEBHOOK_THREADS})")
     w.add_argument("--concurrency", type=_ints, default=None, help="client connections (default: 1,8,32)")
     w.add_argument("--duration", type=float, default=6.0, help="measured seconds per concurrency level")
     w.add_argument("--warmup", type=float, default=1.5, help="unmeasured seconds before each level")
@@ -138,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the reconciler's --pod-batch-seconds (default: the reconciler's own)")
     pg.add_argument("--pod-batch-max-seconds", type=float, default=None,
                     help="the reconciler's --pod-batch-max-seconds (default: the reconciler's own)")
+    pg.add_argument("--podgate-threads", type=int, default=WEBHOOK_THREADS,
+                    help="threads of the webhook's worker serving the pod reviews (default: as shipped, "
+                         "%(default)s)")
     pg.add_argument("--podgate-one-process", action="store_true",
                     help="run raygate on real capacity as `raygate serve`, its reconciler in the webhook's process "
                          "(default: two processes)")

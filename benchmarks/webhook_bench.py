@@ -45,7 +45,7 @@ TARGET_CONCURRENCY = 8
 
 # (workers, threads) to try, the one judged against the targets first: what `raygate webhook` ships with.
 
-DEFAULT_SETTINGS = ((WORKERS, THREADS), (1, 8), (2, 8), (2, 4))
+DEFAULT_SETTINGS = ((WORKERS, THREADS), (1, 4), (2, 2), (2, 4))
 CONCURRENCY = (1, 8, 32)
 
 

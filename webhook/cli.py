@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # What `raygate webhook` runs with unless told otherwise (the Deployment and the chart pass no flags for them),
 # and what the benchmarks measure as shipped.
 WORKERS = 1
-THREADS = 4
+THREADS = 2
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
