@@ -538,7 +538,10 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     # the room (its first answers after that may still be "not now": its view of the nodes lags a loop or more),
     # at most provisionedTimeoutSeconds, after which it may preempt again. A victim that ran no pod frees
     # nothing: that wait counts from the preemption.
-    going = [str(k) for k in before if preempt.going.get(k)]
+    # Its record names jobs, not uids: one admitted again under that name (deleted and made anew) runs on its own
+    # booking, and its pods are not the room it is owed.
+    admitted = {r.key for r in preempt.running}
+    going = [str(k) for k in before if preempt.going.get(k) and k not in admitted]
     gone = freed is not None and since is not None and freed > since
     start = freed if gone else since
     timeout = rules.policy.provisioning.provisioned_timeout_seconds

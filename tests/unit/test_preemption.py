@@ -169,6 +169,11 @@ def test_while_its_victims_pods_still_run_the_front_preempts_nobody_else_however
     # Once they are gone (and the autoscaler had its time), it may preempt again.
     gone = dataclasses.replace(obs, preempt=Preempting(0, 100, (other,), going={low.key: 0}))
     assert "preempt RayJob ns/other" in kinds(decide(after, gone, policy(), later))
+    # A job admitted again under the victim's name (deleted and made anew) runs on its own booking: its pods are
+    # not room on its way, and the front may preempt again once the wait is over.
+    anew = Running(low.key, 0, NOW, need)
+    again = dataclasses.replace(obs, preempt=Preempting(0, 100, (other, anew), going={low.key: 2}))
+    assert decide(after, again, policy(), later).outcome is Outcome.PREEMPTING
 
 
 def test_the_preempting_record_reads_back_the_victims_it_wrote() -> None:
