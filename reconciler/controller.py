@@ -695,9 +695,11 @@ class Controller:
             return {}
         queue = self.config.config.queues.get(name) or QueuePolicy()
         waiting = self.queues.waiting(key)
+        victims = [v.key for v in preemption.recorded(preempting)[1]]
         preempt = Preempting(queue.min_run_seconds, waiting.priority if waiting else 0,
-                             tuple(self.queues.running(name)),
-                             {v: self.pods.consuming(v) for v in preemption.recorded(preempting)[1]}) \
+                             tuple(self.queues.running(name)), {v: self.pods.consuming(v) for v in victims},
+                             {v: meta_str(found, "uid") for v in victims if v.kind in self.jobs
+                              and (found := self.jobs[v.kind].get(v.namespace, v.name)) is not None}) \
             if queue.preemption is keys.Preemption.LOWER_PRIORITY else None
         return {"turn": self.queues.turn(key), "queue": name, "freed": self.queues.freed_at(name),
                 "never_fits": queue.never_fits, "said": self._said(key.namespace, requests), "preempt": preempt}

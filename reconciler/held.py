@@ -538,16 +538,15 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     # the room (its first answers after that may still be "not now": its view of the nodes lags a loop or more),
     # at most provisionedTimeoutSeconds, after which it may preempt again. A victim that ran no pod frees
     # nothing: that wait counts from the preemption.
-    # Its record names jobs, not uids: one admitted again under that name (deleted and made anew) runs on its own
-    # booking, and its pods are not the room it is owed.
-    admitted = {r.key for r in preempt.running}
-    going = [str(k) for k in before if preempt.going.get(k) and k not in admitted]
+    # Its record names each victim's uid: a job made anew under a victim's name runs on its own booking, and its
+    # pods are not the room the front is owed. (A record from before raygate recorded uids names jobs only.)
+    going = [str(v.key) for v in before if preempt.going.get(v.key) and v.uid in ("", preempt.uids.get(v.key))]
     gone = freed is not None and since is not None and freed > since
     start = freed if gone else since
     timeout = rules.policy.provisioning.provisioned_timeout_seconds
     if since is not None and start is not None and (
             going or (left := timeout - (now - start).total_seconds()) > 0):
-        victims = ", ".join(map(str, before))
+        victims = ", ".join(str(v.key) for v in before)
         hold(w, f"{_where(obs)}it preempted {victims} at {at} to make room; " + (
             f"it waits for the pods of {', '.join(going)} to go" if going else
             "their pods are gone, and it waits for the cluster-autoscaler to see the room" if gone else
@@ -569,7 +568,7 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     why = (f"{_where(obs)}the cluster-autoscaler has no room now: it preempted {', '.join(names)} (lower "
            f"priority; their bookings hold {freeing}) and asks again when their pods are gone")
     b = builder(w)
-    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.key for v in chosen]))
+    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.victim for v in chosen]))
     b.set(annotation(keys.REASON_ANNOTATION), why[:1000])
     suspend = ({"op": "test", "path": pointer(STATE_PATH), "value": keys.State.ADMITTED.value},
                {"op": "add", "path": "/spec/suspend", "value": True},

@@ -67,7 +67,7 @@ def running_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
     if not room:
         return None  # it books nothing: suspending it frees nothing
     name = queueing.priority_class_name(w, rules.policy.default_priority_class_name)
-    return Running(key, queueing.priority(name, classes, global_default),
+    return Running(key, w.uid, queueing.priority(name, classes, global_default),
                    parse_time(w.annotations.get(keys.ADMITTED_AT_ANNOTATION)), room)
 
 

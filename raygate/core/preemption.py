@@ -13,6 +13,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from raygate.core import podgate
 from raygate.core.objects import Key, get
@@ -22,14 +23,26 @@ from raygate.core.workload import Gang, Manages, Workload
 Room = Mapping[str, Mapping[str, Decimal]]
 
 
+class Victim(NamedTuple):
+    """A job the front preempted, as its record names it: by name, and which job of that name (its uid)."""
+
+    key: Key
+    uid: str  # "" in a record from before raygate recorded uids: whichever job has the name
+
+
 @dataclass(frozen=True)
 class Running:
     """An admitted job of a queue, as a preemption sees it."""
 
     key: Key
+    uid: str
     priority: int
     admitted: dt.datetime | None  # None: not recorded (admitted before raygate recorded it): as the oldest
     room: Room  # what its admitted gang booked
+
+    @property
+    def victim(self) -> Victim:
+        return Victim(self.key, self.uid)
 
 
 def room(w: Workload, gang: Gang, manages: Manages) -> dict[str, dict[str, Decimal]]:
@@ -86,15 +99,20 @@ def victims(priority: int, need: Room, running: Sequence[Running], now: dt.datet
     return chosen if need else []
 
 
-def recorded(value: str) -> tuple[str, tuple[Key, ...]]:
-    """When the front preempted and whom, from its raygate.io/preempting annotation ("<time> <key>,<key>")."""
+def recorded(value: str) -> tuple[str, tuple[Victim, ...]]:
+    """When the front preempted and whom, from its raygate.io/preempting annotation ("<time> <key>@<uid>,...")."""
     at, _, jobs = value.partition(" ")
-    return at, tuple(k for k in map(Key.parse, jobs.split(",")) if k is not None)
+    out = []
+    for job in filter(None, jobs.split(",")):
+        named, at_sign, uid = job.rpartition("@")
+        if (key := Key.parse(named if at_sign else job)) is not None:
+            out.append(Victim(key, uid if at_sign else ""))
+    return at, tuple(out)
 
 
-def record(at: str, victims: Sequence[Key]) -> str:
-    """The raygate.io/preempting annotation's value (recorded() reads it)."""
-    return f"{at} {','.join(map(str, victims))}"
+def record(at: str, victims: Sequence[Victim]) -> str:
+    """The raygate.io/preempting annotation's value (recorded() reads it). A name cannot hold "@" or ","."""
+    return f"{at} {','.join(f'{v.key}@{v.uid}' for v in victims)}"
 
 
 def totals(rooms: Sequence[Room]) -> dict[str, Decimal]:

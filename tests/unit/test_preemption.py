@@ -23,7 +23,8 @@ NODE = {podgate.ANYWHERE: {"nvidia.com/gpu": Decimal(4)}}  # one whole 4-GPU nod
 
 
 def running(name: str, priority: int, admitted_minutes_ago: float, room: preemption.Room = NODE) -> Running:
-    return Running(Key("RayJob", "ns", name), priority, NOW - dt.timedelta(minutes=admitted_minutes_ago), room)
+    return Running(Key("RayJob", "ns", name), f"uid-{name}", priority,
+                   NOW - dt.timedelta(minutes=admitted_minutes_ago), room)
 
 
 def picked(need: preemption.Room, jobs: list[Running], priority: int = 100, min_run: float = 0) -> list[str]:
@@ -81,7 +82,7 @@ def preempting(*jobs: Running, priority: int = 100) -> Observed:
 def test_the_front_answered_not_now_suspends_its_victims_and_says_so() -> None:
     w = provisioning()
     need = preemption.room(w, w.gang(), policy().manages)
-    low = Running(Key("RayCluster", "other", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    low = Running(Key("RayCluster", "other", "low"), "uid-low", 0, NOW - dt.timedelta(hours=1), need)
     plan = decide(w, preempting(low), policy(), NOW)
     assert plan.outcome is Outcome.PREEMPTING
     assert kinds(plan) == ["patch hold", "preempt RayCluster other/low", "event Preempting"]
@@ -98,7 +99,7 @@ def test_the_front_answered_not_now_suspends_its_victims_and_says_so() -> None:
 def test_nobody_is_preempted_with_equal_priority_or_when_the_queue_never_preempts() -> None:
     w = provisioning()
     need = preemption.room(w, w.gang(), policy().manages)
-    same = Running(Key("RayJob", "ns", "same"), 100, NOW - dt.timedelta(hours=1), need)
+    same = Running(Key("RayJob", "ns", "same"), "uid-same", 100, NOW - dt.timedelta(hours=1), need)
     assert decide(w, preempting(same), policy(), NOW).outcome is Outcome.WAITING
     never = in_queue(FRONT, requests=(not_now(w, NOW - dt.timedelta(seconds=30)),), templates=templates(w))
     assert decide(w, never, policy(), NOW).outcome is Outcome.WAITING
@@ -124,9 +125,9 @@ def test_a_preempted_job_goes_back_to_its_queue_in_the_same_attempt_and_says_for
 def test_a_front_whose_victims_freed_nothing_may_preempt_again_after_provisioned_timeout_seconds() -> None:
     w = provisioning()
     need = preemption.room(w, w.gang(), policy().manages)
-    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    low = Running(Key("RayJob", "ns", "low"), "uid-low", 0, NOW - dt.timedelta(hours=1), need)
     after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
-    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    other = Running(Key("RayJob", "ns", "other"), "uid-other", 0, NOW - dt.timedelta(hours=1), need)
     later = NOW + dt.timedelta(seconds=301)  # provisionedTimeoutSeconds is 300 here
     plan = decide(after, preempting(other), policy(), later)
     assert plan.outcome is Outcome.PREEMPTING and "preempt RayJob ns/other" in kinds(plan)
@@ -137,9 +138,9 @@ def test_once_its_victims_pods_are_gone_the_front_gives_the_autoscaler_time_to_s
     preempting again on them would suspend a second job for room the first already gave."""
     w = provisioning()
     need = preemption.room(w, w.gang(), policy().manages)
-    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    low = Running(Key("RayJob", "ns", "low"), "uid-low", 0, NOW - dt.timedelta(hours=1), need)
     after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
-    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    other = Running(Key("RayJob", "ns", "other"), "uid-other", 0, NOW - dt.timedelta(hours=1), need)
     freed = NOW + dt.timedelta(seconds=10)  # low's pods gone; the front asked again and was answered not now
     stale = Observed(turn=FRONT, queue="default", freed=freed.strftime("%Y-%m-%dT%H:%M:%S.000Z"),
                      requests=(not_now(after, freed + dt.timedelta(seconds=5)),), templates=templates(w),
@@ -157,27 +158,44 @@ def test_while_its_victims_pods_still_run_the_front_preempts_nobody_else_however
     and suspending a second job for it would stop one more for nothing."""
     w = provisioning()
     need = preemption.room(w, w.gang(), policy().manages)
-    low = Running(Key("RayJob", "ns", "low"), 0, NOW - dt.timedelta(hours=1), need)
+    low = Running(Key("RayJob", "ns", "low"), "uid-low", 0, NOW - dt.timedelta(hours=1), need)
     after = Workload(applied(w, decide(w, preempting(low), policy(), NOW)))
-    other = Running(Key("RayJob", "ns", "other"), 0, NOW - dt.timedelta(hours=1), need)
+    other = Running(Key("RayJob", "ns", "other"), "uid-other", 0, NOW - dt.timedelta(hours=1), need)
     later = NOW + dt.timedelta(seconds=301)  # past provisionedTimeoutSeconds (300 here)
     obs = in_queue(FRONT, requests=(not_now(after, later - dt.timedelta(seconds=1)),), templates=templates(w),
-                   preempt=Preempting(0, 100, (other,), going={low.key: 2}))
+                   preempt=Preempting(0, 100, (other,), going={low.key: 2}, uids={low.key: low.uid}))
+    assert after.annotations[keys.PREEMPTING_ANNOTATION].endswith(f" RayJob ns/low@{low.uid}")  # whom, by uid
     waits = decide(after, obs, policy(), later)
     assert waits.outcome is Outcome.WAITING and not any(isinstance(a, Preempt) for a in waits.actions)
     assert "it waits for the pods of RayJob ns/low to go" in reason(waits, after)
     # Once they are gone (and the autoscaler had its time), it may preempt again.
-    gone = dataclasses.replace(obs, preempt=Preempting(0, 100, (other,), going={low.key: 0}))
+    gone = dataclasses.replace(obs, preempt=Preempting(0, 100, (other,), going={low.key: 0}, uids={low.key: low.uid}))
     assert "preempt RayJob ns/other" in kinds(decide(after, gone, policy(), later))
-    # A job admitted again under the victim's name (deleted and made anew) runs on its own booking: its pods are
-    # not room on its way, and the front may preempt again once the wait is over.
-    anew = Running(low.key, 0, NOW, need)
-    again = dataclasses.replace(obs, preempt=Preempting(0, 100, (other, anew), going={low.key: 2}))
-    assert decide(after, again, policy(), later).outcome is Outcome.PREEMPTING
+    # A job under the victim's name that is another (deleted and made anew, admitted in any queue) runs on its own
+    # booking: its pods are not room on the way, and the front may preempt again once the wait is over.
+    anew = dataclasses.replace(obs, preempt=Preempting(0, 100, (other,), going={low.key: 2}, uids={low.key: "u2"}))
+    assert decide(after, anew, policy(), later).outcome is Outcome.PREEMPTING
+
+
+def test_a_record_from_before_uids_names_jobs_whichever_job_has_the_name() -> None:
+    w = provisioning()
+    need = preemption.room(w, w.gang(), policy().manages)
+    low = Running(Key("RayJob", "ns", "low"), "uid-low", 0, NOW - dt.timedelta(hours=1), need)
+    after = applied(w, decide(w, preempting(low), policy(), NOW))
+    annotations = after["metadata"]["annotations"]
+    annotations[keys.PREEMPTING_ANNOTATION] = annotations[keys.PREEMPTING_ANNOTATION].rpartition("@")[0]
+    later = NOW + dt.timedelta(seconds=301)
+    obs = in_queue(FRONT, requests=(not_now(Workload(after), later - dt.timedelta(seconds=1)),),
+                   templates=templates(w), preempt=Preempting(0, 100, (), going={low.key: 1}, uids={low.key: "u2"}))
+    plan = decide(Workload(after), obs, policy(), later)
+    assert "it waits for the pods of RayJob ns/low to go" in reason(plan, Workload(after))
 
 
 def test_the_preempting_record_reads_back_the_victims_it_wrote() -> None:
-    victims = [Key("RayJob", "ns", "a"), Key("RayCluster", "other", "b")]
+    victims = [preemption.Victim(Key("RayJob", "ns", "a"), "u1"), preemption.Victim(Key("RayCluster", "other", "b"),
+                                                                                      "u2")]
     assert preemption.recorded(preemption.record("2030-01-01T12:00:00.000Z", victims)) == (
         "2030-01-01T12:00:00.000Z", tuple(victims))
     assert preemption.recorded("") == ("", ())
+    assert preemption.recorded("2030-01-01T12:00:00.000Z RayJob ns/a,nonsense") == (
+        "2030-01-01T12:00:00.000Z", (preemption.Victim(Key("RayJob", "ns", "a"), ""),))
