@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, TextIO
 
-from raygate.core import keys
+from raygate.core import keys, preemption
 from raygate.core.errors import RaygateError
 from raygate.core.times import parse_time
 
@@ -61,7 +61,7 @@ class Held:
     provisioning_request: str
     pod_groups: tuple[GroupVerdict, ...] = ()
     place: Place | None = None  # its place in its queue, while it is held there
-    preempted_by: str = ""  # "<Kind namespace/name> <time>": suspended to make room for that job, then
+    preempted_by: str = ""  # its raygate.io/preempted-by record: suspended to make room for that job
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -77,8 +77,8 @@ class Held:
         }
 
     def _preempted_by(self) -> dict[str, str] | None:
-        who, _, when = self.preempted_by.rpartition(" ")
-        return {"job": who, "at": when} if who else None
+        who, when = preemption.preempted_by(self.preempted_by)
+        return {"job": str(who.key), "at": when} if who is not None else None
 
     @property
     def preemption(self) -> str:

@@ -540,7 +540,7 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     # nothing: that wait counts from the preemption.
     # Its record names each victim's uid: a job made anew under a victim's name runs on its own booking, and its
     # pods are not the room the front is owed. (A record from before raygate recorded uids names jobs only.)
-    going = [str(v.key) for v in before if preempt.going.get(v.key) and v.uid in ("", preempt.uids.get(v.key))]
+    going = [str(v.key) for v in before if preempt.going.get(v.key) and v.is_current(preempt.uids)]
     gone = freed is not None and since is not None and freed > since
     start = freed if gone else since
     timeout = rules.policy.provisioning.provisioned_timeout_seconds
@@ -568,12 +568,12 @@ def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules
     why = (f"{_where(obs)}the cluster-autoscaler has no room now: it preempted {', '.join(names)} (lower "
            f"priority; their bookings hold {freeing}) and asks again when their pods are gone")
     b = builder(w)
-    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.victim for v in chosen]))
+    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.id for v in chosen]))
     b.set(annotation(keys.REASON_ANNOTATION), why[:1000])
     suspend = ({"op": "test", "path": pointer(STATE_PATH), "value": keys.State.ADMITTED.value},
                {"op": "add", "path": "/spec/suspend", "value": True},
                {"op": "add", "path": pointer(annotation(keys.PREEMPTED_BY_ANNOTATION)),
-                "value": f"{w.kind} {w.namespace}/{w.name} {stamp}"})
+                "value": preemption.preempted_by_record(preemption.JobId.of(w), stamp)})
     plan.actions += [patch_step(b, Step.HOLD), *(Preempt(v.key, suspend) for v in chosen),
                      Emit("Preempting", f"preempted {', '.join(names)} to make room for its gang",
                           name=children.event_name(w, "Preempting", stamp))]
@@ -585,7 +585,8 @@ def preempted(w: Workload, obs: Observed, rules: ObjectRules) -> Plan:
     """Suspended by raygate to make room for a job of higher priority: back in its queue (by its own priority and
     creation time, as any held job), behind that job, in the same attempt (it failed nothing); its booking goes
     when its pods have."""
-    who, _, when = str(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION) or "").rpartition(" ")
+    front, when = preemption.preempted_by(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION, ""))
+    who = str(front.key) if front is not None else "a job"
     try:
         needs = needs_of(w, rules)
     except BadInput as err:

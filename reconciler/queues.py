@@ -45,14 +45,9 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
         provisioned.reason else None
     parked = keys.NEVER_FITS_ANNOTATION in w.annotations
     return Waiting(key, queueing.priority(name, classes, global_default), meta_str(w.obj, "creationTimestamp"),
-                   w.uid, answered or None, shape, parked, preempted_by(w)[0],
+                   w.uid, answered or None, shape, parked,
+                   preemption.preempted_by(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION, ""))[0],
                    request is not None and booking.provisioned(request) and not booking.ended(request))
-
-
-def preempted_by(w: Workload) -> tuple[Key | None, str]:
-    """The job this one was preempted for, and when ((None, "") when it was not)."""
-    who, _, when = str(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION) or "").rpartition(" ")
-    return Key.parse(who), when
 
 
 def running_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClasses,

@@ -23,11 +23,29 @@ from raygate.core.workload import Gang, Manages, Workload
 Room = Mapping[str, Mapping[str, Decimal]]
 
 
-class Victim(NamedTuple):
-    """A job the front preempted, as its record names it: by name, and which job of that name (its uid)."""
+class JobId(NamedTuple):
+    """A job as raygate's preemption records name it: by name, and which job of that name (its uid), so that one
+    made anew under the name is not taken for it."""
 
     key: Key
     uid: str  # "" in a record from before raygate recorded uids: whichever job has the name
+
+    def __str__(self) -> str:
+        return f"{self.key}@{self.uid}"  # a name cannot hold "@"
+
+    @classmethod
+    def parse(cls, text: str) -> JobId | None:
+        named, at_sign, uid = text.rpartition("@")
+        key = Key.parse(named if at_sign else text)
+        return cls(key, uid if at_sign else "") if key is not None else None
+
+    @classmethod
+    def of(cls, w: Workload) -> JobId:
+        return cls(Key(w.kind, w.namespace, w.name), w.uid)
+
+    def is_current(self, uids: Mapping[Key, str]) -> bool:
+        """Whether the job that has its name now is this one (`uids`: name -> the uid of the job that has it)."""
+        return self.key in uids and self.uid in ("", uids[self.key])
 
 
 @dataclass(frozen=True)
@@ -41,8 +59,8 @@ class Running:
     room: Room  # what its admitted gang booked
 
     @property
-    def victim(self) -> Victim:
-        return Victim(self.key, self.uid)
+    def id(self) -> JobId:
+        return JobId(self.key, self.uid)
 
 
 def room(w: Workload, gang: Gang, manages: Manages) -> dict[str, dict[str, Decimal]]:
@@ -99,20 +117,28 @@ def victims(priority: int, need: Room, running: Sequence[Running], now: dt.datet
     return chosen if need else []
 
 
-def recorded(value: str) -> tuple[str, tuple[Victim, ...]]:
-    """When the front preempted and whom, from its raygate.io/preempting annotation ("<time> <key>@<uid>,...")."""
+def recorded(value: str) -> tuple[str, tuple[JobId, ...]]:
+    """When the front preempted and whom, from its raygate.io/preempting annotation ("<time> <job>,<job>")."""
     at, _, jobs = value.partition(" ")
-    out = []
-    for job in filter(None, jobs.split(",")):
-        named, at_sign, uid = job.rpartition("@")
-        if (key := Key.parse(named if at_sign else job)) is not None:
-            out.append(Victim(key, uid if at_sign else ""))
-    return at, tuple(out)
+    return at, tuple(j for j in map(JobId.parse, jobs.split(",")) if j is not None)
 
 
-def record(at: str, victims: Sequence[Victim]) -> str:
-    """The raygate.io/preempting annotation's value (recorded() reads it). A name cannot hold "@" or ","."""
-    return f"{at} {','.join(f'{v.key}@{v.uid}' for v in victims)}"
+def record(at: str, victims: Sequence[JobId]) -> str:
+    """The raygate.io/preempting annotation's value (recorded() reads it). A name cannot hold ","."""
+    return f"{at} {','.join(map(str, victims))}"
+
+
+def preempted_by(value: str) -> tuple[JobId | None, str]:
+    """The job a victim was preempted for, and when, from its raygate.io/preempted-by annotation ("<job> <time>");
+    (None, "") when it was not."""
+    who, _, when = value.rpartition(" ")
+    job = JobId.parse(who)
+    return (job, when) if job is not None else (None, "")
+
+
+def preempted_by_record(front: JobId, at: str) -> str:
+    """The raygate.io/preempted-by annotation's value (preempted_by() reads it)."""
+    return f"{front} {at}"
 
 
 def totals(rooms: Sequence[Room]) -> dict[str, Decimal]:

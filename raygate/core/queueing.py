@@ -29,6 +29,7 @@ from raygate.core import keys, podgate
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key, get
 from raygate.core.policy import NamespacePolicy
+from raygate.core.preemption import JobId
 from raygate.core.workload import Gang, Manages, Workload
 
 Shape = Mapping[tuple[str, str], int]  # (placement digest, managed request per pod) -> pods
@@ -45,7 +46,7 @@ class Waiting:
     answered: str | None = None  # when the autoscaler last answered its request "not now" (Provisioned=False)
     shape: Shape = field(default_factory=dict, compare=False)  # what its gang asks of which nodes
     parked: bool = False  # no node group can hold it: it keeps its request, out of the way of the jobs behind
-    yields_to: Key | None = None  # preempted to make room for this job: it does not ask while that one waits
+    yields_to: JobId | None = None  # preempted to make room for this job: it does not ask while that one waits
     provisioned: bool = False  # its request booked capacity (booking.provisioned): it is about to be admitted
 
     @property
@@ -98,10 +99,10 @@ SCAN = 1000
 def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> list[Key]:
     """The jobs whose turn it is to have a request outstanding, `queue` in order (see ordered); every other job
     waits, behind the job right ahead of it."""
-    held = {j.key for j in queue}
+    held = {j.key: j.uid for j in queue}
     out = [j.key for j in queue if j.aside]
     # A job preempted for another does not take the room it gave while that one still waits.
-    queue = [j for j in queue if not j.aside and (j.yields_to is None or j.yields_to not in held)]
+    queue = [j for j in queue if not j.aside and (j.yields_to is None or not j.yields_to.is_current(held))]
     if not queue:
         return out
     asking = [queue[0]]

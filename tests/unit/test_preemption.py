@@ -68,9 +68,13 @@ def test_room_elsewhere_does_not_count_for_a_front_that_must_run_on_other_nodes(
 
 def test_a_preempted_job_does_not_ask_while_the_job_it_made_room_for_waits() -> None:
     high = Waiting(Key("RayJob", "ns", "high"), 100, "2030-01-01T00:00:09Z", "u-high", "2030-01-01T00:01:00Z")
-    low = Waiting(Key("RayJob", "ns", "low"), 0, "2030-01-01T00:00:01Z", "u-low", yields_to=high.key)
+    low = Waiting(Key("RayJob", "ns", "low"), 0, "2030-01-01T00:00:01Z", "u-low",
+                  yields_to=preemption.JobId(high.key, high.uid))
     assert askers([high, low], Strategy.BEST_EFFORT_FIFO, 8) == [high.key]  # high answered not now: low may not try
     assert askers([low], Strategy.STRICT_FIFO, 8) == [low.key]  # once high is admitted, low asks
+    # A job made anew under high's name is not the one low made room for: low tries as any job behind would.
+    anew = dataclasses.replace(high, uid="u-high-2")
+    assert askers([anew, low], Strategy.BEST_EFFORT_FIFO, 8) == [high.key, low.key]
 
 
 def preempting(*jobs: Running, priority: int = 100) -> Observed:
@@ -89,6 +93,8 @@ def test_the_front_answered_not_now_suspends_its_victims_and_says_so() -> None:
     suspend = next(a for a in plan.actions if isinstance(a, Preempt))
     assert {"op": "add", "path": "/spec/suspend", "value": True} in suspend.ops
     assert suspend.ops[0] == {"op": "test", "path": "/metadata/labels/raygate.io~1state", "value": "Admitted"}
+    by = suspend.ops[2]["value"]  # raygate.io/preempted-by on the victim: the front by name and uid, and when
+    assert by.startswith(f"RayJob ns/train@{w.uid} ") and preemption.preempted_by(by)[0] == preemption.JobId.of(w)
     assert "it preempted RayCluster other/low" in reason(plan, w)
     # Until their pods are gone (capacity freed), it waits for them and preempts nobody else.
     after = Workload(applied(w, plan))
@@ -108,7 +114,7 @@ def test_nobody_is_preempted_with_equal_priority_or_when_the_queue_never_preempt
 def test_a_preempted_job_goes_back_to_its_queue_in_the_same_attempt_and_says_for_whom() -> None:
     w = job("Admitted", suspend=True, annotations={
         keys.ATTEMPT_ANNOTATION: "2", keys.ADMITTED_AT_ANNOTATION: "2030-01-01T11:00:00Z",
-        keys.PREEMPTED_BY_ANNOTATION: "RayJob ns/high 2030-01-01T12:00:00.000Z"})
+        keys.PREEMPTED_BY_ANNOTATION: "RayJob ns/high@u-high 2030-01-01T12:00:00.000Z"})
     w = job("Admitted", suspend=True, annotations={**w.annotations, keys.REQUEST_ANNOTATION: "train-x-a2"})
     plan = decide(w, Observed(), policy(), NOW)
     assert plan.outcome is Outcome.PREEMPTED
@@ -191,11 +197,20 @@ def test_a_record_from_before_uids_names_jobs_whichever_job_has_the_name() -> No
     assert "it waits for the pods of RayJob ns/low to go" in reason(plan, Workload(after))
 
 
+def test_the_preempted_by_record_reads_back_and_reads_one_from_before_uids() -> None:
+    front = preemption.JobId(Key("RayJob", "ns", "high"), "u1")
+    assert preemption.preempted_by(preemption.preempted_by_record(front, "2030-01-01T12:00:00.000Z")) == (
+        front, "2030-01-01T12:00:00.000Z")
+    assert preemption.preempted_by("RayJob ns/high 2030-01-01T12:00:00.000Z") == (
+        preemption.JobId(Key("RayJob", "ns", "high"), ""), "2030-01-01T12:00:00.000Z")
+    assert preemption.preempted_by("") == (None, "")
+
+
 def test_the_preempting_record_reads_back_the_victims_it_wrote() -> None:
-    victims = [preemption.Victim(Key("RayJob", "ns", "a"), "u1"), preemption.Victim(Key("RayCluster", "other", "b"),
+    victims = [preemption.JobId(Key("RayJob", "ns", "a"), "u1"), preemption.JobId(Key("RayCluster", "other", "b"),
                                                                                       "u2")]
     assert preemption.recorded(preemption.record("2030-01-01T12:00:00.000Z", victims)) == (
         "2030-01-01T12:00:00.000Z", tuple(victims))
     assert preemption.recorded("") == ("", ())
     assert preemption.recorded("2030-01-01T12:00:00.000Z RayJob ns/a,nonsense") == (
-        "2030-01-01T12:00:00.000Z", (preemption.Victim(Key("RayJob", "ns", "a"), ""),))
+        "2030-01-01T12:00:00.000Z", (preemption.JobId(Key("RayJob", "ns", "a"), ""),))

@@ -117,7 +117,7 @@ def test_json_output() -> None:
 
 def test_a_preempted_job_says_by_whom_and_when() -> None:
     o = obj("low", "Pending")
-    o["metadata"]["annotations"] = {keys.PREEMPTED_BY_ANNOTATION: "RayJob ml/high 2025-06-01T11:59:00.000Z",
+    o["metadata"]["annotations"] = {keys.PREEMPTED_BY_ANNOTATION: "RayJob ml/high@u-high 2025-06-01T11:59:00.000Z",
                                     keys.REASON_ANNOTATION: "waiting in queue default behind RayJob ml/high"}
     row = held_from("RayJob", [o], NOW)[0]
     assert row.as_json()["preemptedBy"] == {"job": "RayJob ml/high", "at": "2025-06-01T11:59:00.000Z"}
