@@ -152,9 +152,9 @@ class Preempting:
     min_run_seconds: int
     priority: int  # the job's own
     running: tuple[Running, ...]  # the admitted jobs of its queue
-    # The names of the jobs it preempted (its raygate.io/preempting record) -> the pods of the job under that name
-    # now that consume a booking and still run, and that job's uid ("" when there is none). The pods of the very
-    # jobs it preempted are room on its way, which nothing else may be suspended for.
+    # The names of the jobs it preempted (its raygate.io/preempting record) -> the pods of the job that has that
+    # name now that consume a booking and still run, and that job's uid (no entry when none has it). The pods of
+    # the very jobs it preempted are room on its way, which nothing else may be suspended for.
     going: Mapping[Key, int] = field(default_factory=dict)
     uids: Mapping[Key, str] = field(default_factory=dict)
 
