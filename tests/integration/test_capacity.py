@@ -295,11 +295,17 @@ def test_the_ray_autoscalers_scale_ups_are_booked_as_gangs_of_their_own(stack: S
     res = {"cpu": "1", GPU_RESOURCE: "2"}
     cluster = (builders.RayCluster("elastic", ns).autoscaling()
                .worker("gpu", replicas=2, min_replicas=0, max_replicas=8, requests=res, limits=res).obj())
+    # Earlier tests leave empty GPU nodes until the autoscaler scales them down. Start without them, so the
+    # first workers fill the node added for them and the scale-up needs a node of its own.
+    wait(lambda: not stack.group(GPU_GROUP), 120, "the GPU nodes earlier tests left empty to be scaled down",
+         interval=1)
     stack.create(cluster)
     stack.wait_state(ns, keys.RAYCLUSTER_KIND, "elastic", "Admitted")
     at_start = gpu_pods(stack.running_pods(ns, keys.RAYCLUSTER_KIND, "elastic", 3))
     first = {p["spec"]["nodeName"] for p in at_start}
-    nodes_before = stack.group(GPU_GROUP)
+    # The pinned autoscaler may add a second node for one request (see LAYOUT); wait for it to go too.
+    nodes_before: set[str] = wait(lambda: (group := stack.group(GPU_GROUP)) <= first and group, 120,
+                                  "only the first workers' nodes left in the GPU group", interval=1)
     # The Ray autoscaler asks for 2 more workers, as it does: a patch of replicas under the head pod's
     # ServiceAccount (KubeRay names it after the cluster and lets it patch the cluster).
     ray_autoscaler = f"system:serviceaccount:{ns}:elastic"
@@ -316,13 +322,15 @@ def test_the_ray_autoscalers_scale_ups_are_booked_as_gangs_of_their_own(stack: S
                "a request for the scale-up")
     assert [ps["count"] for ps in ups[0]["spec"]["podSets"]] == [2]  # exactly the increment, as one gang
     running = gpu_pods(stack.running_pods(ns, keys.RAYCLUSTER_KIND, "elastic", 5, timeout=180))
-    print(f"\nscale-up of 2 workers: gated pods -> all Running on the added node in {time.monotonic() - t0:.1f}s")
+    print(f"\nscale-up of 2 workers: gated pods -> all Running in {time.monotonic() - t0:.1f}s")
     assert len(running) == 4 and not any(gated(p) for p in running)
     added_workers = [p for p in running if p["metadata"]["name"] not in {q["metadata"]["name"] for q in at_start}]
     assert {(p["metadata"].get("annotations") or {}).get(keys.CONSUME_ANNOTATION) for p in added_workers} == {
         ups[0]["metadata"]["name"]}, "the new workers were released into the booking made for them, and only that"
     added = stack.group(GPU_GROUP) - nodes_before
-    assert {p["spec"]["nodeName"] for p in running} - first <= added, "the new workers run on the nodes added for them"
+    print(f"first workers on {sorted(first)}; the autoscaler added {sorted(added)}; the new workers on "
+          f"{sorted(p['spec']['nodeName'] for p in added_workers)}")
+    assert {p["spec"]["nodeName"] for p in added_workers} - first <= added, "the new workers run on added nodes"
     assert_gang_rule(stack)
 
     # A second scale-up the node group cannot hold: its pods stay gated, with the autoscaler's word on the cluster.
