@@ -329,6 +329,8 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
     if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != needs.fingerprint:
         return _replace(w, obs, rules, now, version, name)  # it books other pod sets than the job has now
     if booking.provisioned(pr):
+        if _became_front(w, obs):  # the jobs ahead went just before its booking came
+            plan.actions.append(_front_of_queue(w, obs))
         return _admit(w, plan, name, rules, needs, now)
     provisioned = cond.get(booking.PROVISIONED)
     if obs.turn is not None:
@@ -437,11 +439,11 @@ def _rounds(w: Workload) -> int:
     return positive_int(w.annotations.get(keys.ROUND_ANNOTATION)) or 0
 
 
-def _where(obs: Observed) -> str:
+def _where(obs: Observed, front: bool | None = None) -> str:
     """Where the job stands in its queue, as its reason starts (only what changes when the job's turn does)."""
     if obs.turn is None:
         return ""
-    if obs.turn.front:
+    if obs.turn.front if front is None else front:
         return f"at the front of queue {obs.queue}: "
     return f"trying while the front of queue {obs.queue} waits: "
 
@@ -449,6 +451,13 @@ def _where(obs: Observed) -> str:
 def _front_of_queue(w: Workload, obs: Observed) -> Emit:
     return Emit("FrontOfQueue", f"at the front of queue {obs.queue}: it asks the cluster-autoscaler for its gang "
                 "first", name=children.event_name(w, "FrontOfQueue", w.uid))
+
+
+def _became_front(w: Workload, obs: Observed) -> bool:
+    """At the front of its queue now, and its reason does not say so yet: it asked while behind the front, and the
+    jobs ahead went. (One FrontOfQueue Event each: its name is the job's.)"""
+    return obs.turn is not None and obs.turn.front and \
+        not str(w.annotations.get(keys.REASON_ANNOTATION) or "").startswith(_where(obs))
 
 
 def _queued(w: Workload, obs: Observed, plan: Plan) -> Plan:
@@ -491,6 +500,11 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
         plan.outcome = Outcome.WAITING  # out of the way, its request kept: the autoscaler tries it now and then
         return plan
     if provisioned is None or provisioned.true or not provisioned.reason:
+        if _became_front(w, obs):  # not answered yet: its reason says where it stands now
+            b = builder(w)
+            before = str(w.annotations.get(keys.REASON_ANNOTATION) or "")
+            b.set(annotation(keys.REASON_ANNOTATION), _where(obs) + before.removeprefix(_where(obs, front=False)))
+            plan.actions += [patch_step(b, Step.HOLD), _front_of_queue(w, obs)]
         plan.outcome = Outcome.WAITING  # not answered yet: its turn at the autoscaler
         return plan
     # The pinned autoscaler writes its answer anew on every loop (a fresh lastTransitionTime), so how long the
@@ -518,8 +532,8 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
         b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
         b.set(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION), recorded)
         plan.actions.append(patch_step(b, Step.HOLD))
-        if obs.turn is not None and obs.turn.front and not before.startswith(_where(obs)):
-            plan.actions.append(_front_of_queue(w, obs))  # it tried behind the front, and is the front now
+        if _became_front(w, obs):
+            plan.actions.append(_front_of_queue(w, obs))
     plan.requeue(timeout - (now - since).total_seconds())
     plan.outcome = Outcome.WAITING
     return plan
