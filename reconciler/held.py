@@ -439,11 +439,11 @@ def _rounds(w: Workload) -> int:
     return positive_int(w.annotations.get(keys.ROUND_ANNOTATION)) or 0
 
 
-def _where(obs: Observed, front: bool | None = None) -> str:
+def _where(obs: Observed) -> str:
     """Where the job stands in its queue, as its reason starts (only what changes when the job's turn does)."""
     if obs.turn is None:
         return ""
-    if obs.turn.front if front is None else front:
+    if obs.turn.front:
         return f"at the front of queue {obs.queue}: "
     return f"trying while the front of queue {obs.queue} waits: "
 
@@ -500,12 +500,9 @@ def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.date
         plan.outcome = Outcome.WAITING  # out of the way, its request kept: the autoscaler tries it now and then
         return plan
     if provisioned is None or provisioned.true or not provisioned.reason:
-        if _became_front(w, obs):  # not answered yet: its reason says where it stands now
-            b = builder(w)
-            before = str(w.annotations.get(keys.REASON_ANNOTATION) or "")
-            b.set(annotation(keys.REASON_ANNOTATION), _where(obs) + before.removeprefix(_where(obs, front=False)))
-            plan.actions += [patch_step(b, Step.HOLD), _front_of_queue(w, obs)]
-        plan.outcome = Outcome.WAITING  # not answered yet: its turn at the autoscaler
+        # Not answered yet: its turn at the autoscaler. Having become the front meanwhile, it says so with the answer
+        # (below) or its admission: a patch of the reason now would cost a write per job in a burst.
+        plan.outcome = Outcome.WAITING
         return plan
     # The pinned autoscaler writes its answer anew on every loop (a fresh lastTransitionTime), so how long the
     # job has waited counts from the first answer to this request, recorded on the job.
