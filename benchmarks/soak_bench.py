@@ -603,7 +603,7 @@ class Snapshot:
                     if meta_str(o, "namespace") in NAMESPACES]
 
         objects = [{**o, "kind": res.kind} for res in (RAYJOBS, RAYCLUSTERS) for o in items(res)]
-        managed = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
+        managed = keys.MANAGED_SELECTOR
         children = [(res.kind, o) for res in stack.group_resources for o in items(res, labelSelector=managed)]
         return cls(objects, children, items(PODS))
 

@@ -277,8 +277,7 @@ def collect(kube: Kube, namespace: str | None, *, delete: bool) -> tuple[Plan, d
         jobs = [(res.kind, {"apiVersion": res.api_version, "kind": res.kind, **obj})
                 for res in (RAYJOBS, RAYCLUSTERS) for obj in kube.list(res, namespace).get("items") or []]
         children = [child_of(kind, obj) for kind, res in kinds.items()
-                    for obj in kube.list(res, namespace, labelSelector=f"{keys.MANAGED_BY_LABEL}="
-                                         f"{keys.MANAGED_BY_VALUE}").get("items") or []]
+                    for obj in kube.list(res, namespace, labelSelector=keys.MANAGED_SELECTOR).get("items") or []]
         gated = [pod for pod in kube.list(PODS, namespace, labelSelector=f"{keys.POD_GATE_LABEL}={keys.POD_GATED}")
                  .get("items") or [] if podgate.gated(pod)]
     except ApiError as err:

@@ -65,7 +65,6 @@ log = logging.getLogger("raygate.reconciler")
 POD = "Pod"  # the work queue's kind of key for a gated pod to place (reconciler/pods.py)
 ChildKey = tuple[ChildKind, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
-MANAGED_SELECTOR = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
 REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 # Objects per page of a cache's initial list: all caches list at once on start, and a parsed page of
 # RayJobs is about 40 KB per job before it is compacted (500 a page: 20 MB at once per cache).
@@ -163,7 +162,7 @@ class Controller:
                                     handler=self._job_event(kind), transform=slim, compact=True,
                                     page_size=LIST_PAGE)
                      for kind, res in JOB_KINDS.items()}
-        self.children = {kind: Informer(kube, res, label_selector=MANAGED_SELECTOR, resync_seconds=rs,
+        self.children = {kind: Informer(kube, res, label_selector=keys.MANAGED_SELECTOR, resync_seconds=rs,
                                         handler=self._child_event(kind), transform=child_view, compact=True,
                                         page_size=LIST_PAGE)
                          for kind, res in self.child_resources.items()}

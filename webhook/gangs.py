@@ -15,8 +15,6 @@ from raygate.core.objects import JSON, get, meta_str
 from raygate.kube.client import Kube
 from raygate.kube.informer import Informer
 
-MANAGED = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
-
 
 def group_view(group: JSON) -> JSON:
     """What the webhook needs of a PodGroup: its name, and the Ray cluster whose gang is bound in it."""
@@ -31,7 +29,7 @@ class GangGroups:
     def __init__(self, kube: Kube, served: Served, resync_seconds: float = 600.0) -> None:
         if served.gang_version is None:
             raise ValueError("the cluster serves no gang scheduling API")
-        self.informer = Informer(kube, gang_pod_groups(served.gang_version), label_selector=MANAGED,
+        self.informer = Informer(kube, gang_pod_groups(served.gang_version), label_selector=keys.MANAGED_SELECTOR,
                                  resync_seconds=resync_seconds, transform=group_view)
 
     def start(self) -> GangGroups:

@@ -63,6 +63,7 @@ PROVREQ_PARAM_PREFIX = "provreq.raygate.io/"
 # watches see only its own children.
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "raygate"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
 
 
 class ChildKind(StrEnum):

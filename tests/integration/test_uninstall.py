@@ -102,7 +102,7 @@ class Env:
 
     def children(self, ns: str) -> list[str]:
         """raygate's ProvisioningRequests and PodTemplates in `ns`, as kind/name."""
-        selector = f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}"
+        selector = keys.MANAGED_SELECTOR
         return [f"{res.kind}/{o['metadata']['name']}" for res in (PR, PODTEMPLATES)
                 for o in self.kube.list(res, ns, labelSelector=selector).get("items") or []]
 
