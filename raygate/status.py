@@ -249,7 +249,7 @@ def _pod_groups(kube: Kube, namespace: str | None) -> list[JSON]:
         return []
     res = gang_pod_groups(version)
     try:
-        listed = kube.list(res, namespace, labelSelector=f"{keys.MANAGED_BY_LABEL}={keys.MANAGED_BY_VALUE}")
+        listed = kube.list(res, namespace, labelSelector=keys.MANAGED_SELECTOR)
     except ApiError as err:
         raise _explain(err, kube, res, namespace) from None
     return list(listed.get("items") or [])
@@ -281,13 +281,14 @@ def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str]
     namespace (a queue spans namespaces), raygate's config and the PriorityClasses. A user who may not list
     those everywhere gets the places among what they may list."""
     from raygate.core import queueing
-    from raygate.core.api import CONFIGMAPS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS
+    from raygate.core.api import CONFIGMAPS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, provisioning_requests
     from raygate.core.config import parse_config
     from raygate.core.modes import for_object
-    from raygate.core.objects import Key, with_kind
+    from raygate.core.objects import Key, meta_str, with_kind
     from raygate.core.policy import DEFAULT_CONFIG
     from raygate.core.workload import Workload
     from raygate.kube.client import ApiError
+    from raygate.kube.discovery import served_provreq_version
     from raygate.reconciler.queues import waiting_of
 
     def listed(res: Resource, where: str | None, **selector: str) -> list[JSON]:
@@ -306,21 +307,26 @@ def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str]
         config = DEFAULT_CONFIG  # unreadable here: the reconciler's own view may differ, the order does not
     classes = {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None)}
     default = next((int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None) if c.get("globalDefault")), 0)
+    # A job whose request is Provisioned is out of the way of the jobs behind it, as the reconciler counts them.
+    version = served_provreq_version(kube)
+    mine = listed(provisioning_requests(version), None, labelSelector=keys.MANAGED_SELECTOR) if version else []
+    requests = {(meta_str(r, "namespace"), meta_str(r, "name")): r for r in mine}
     queues: dict[str, list[queueing.Waiting]] = {}
     held = ",".join(s.value for s in keys.HELD_STATES)
     for res in (RAYJOBS, RAYCLUSTERS):
         for obj in listed(res, None, labelSelector=f"{keys.STATE_LABEL} in ({held})"):
             w = Workload(with_kind(obj, res.kind, res.api_version))
             rules = for_object(config.policy_for(w.namespace), w.annotations)
-            waiting = waiting_of(Key(res.kind, w.namespace, w.name), w, rules, classes, default, None)
+            request = requests.get((w.namespace, w.annotations.get(keys.REQUEST_ANNOTATION) or ""))
+            waiting = waiting_of(Key(res.kind, w.namespace, w.name), w, rules, classes, default, request)
             if waiting is not None:
                 queues.setdefault(rules.policy.queue, []).append(waiting)
     out: dict[tuple[str, str, str], Place] = {}
     for name, jobs in queues.items():
         order = queueing.ordered(jobs)
-        parked = [j.order for j in order if j.parked]
+        aside = [j.order for j in order if j.aside]
         for i, job in enumerate(order):
-            turn = queueing.turn_at(order, i, False, parked)
+            turn = queueing.turn_at(order, i, False, aside)
             out[(job.key.kind, job.key.namespace, job.key.name)] = Place(
                 name, turn.position, turn.length, turn.behind, job.priority)
     return out

@@ -85,7 +85,7 @@ class _Queue:
     rules: Rules
     jobs: list[Waiting]  # in order
     askers: frozenset[Key] = frozenset()
-    parked: list[tuple[int, str, str]] = field(default_factory=list)  # the order of its jobs that never fit, sorted
+    aside: list[tuple[int, str, str]] = field(default_factory=list)  # the order of its jobs out of the way, sorted
     freed: str = ""  # RFC 3339: when capacity last freed (answers before it are out of date)
 
 
@@ -108,8 +108,8 @@ class QueueIndex:
             q.rules = rules
             i = bisect.bisect_left(q.jobs, job.order, key=_order)
             q.jobs.insert(i, job)
-            if job.parked:
-                bisect.insort(q.parked, job.order)
+            if job.aside:
+                bisect.insort(q.aside, job.order)
             self._where[job.key] = (queue, job)
             changed |= self._neighbour(q, i + 1) | self._reask(queue)
         self._notify(changed)
@@ -167,7 +167,7 @@ class QueueIndex:
             if found is None:
                 return None
             q = self._queues[found[0]]
-            return queueing.turn_at(q.jobs, self._index(q, found[1]), key in q.askers, q.parked)
+            return queueing.turn_at(q.jobs, self._index(q, found[1]), key in q.askers, q.aside)
 
     def lengths(self) -> dict[str, int]:
         with self._lock:
@@ -195,8 +195,8 @@ class QueueIndex:
         q = self._queues[name]
         i = self._index(q, job)
         del q.jobs[i]
-        if job.parked:
-            q.parked.remove(job.order)
+        if job.aside:
+            q.aside.remove(job.order)
         return (self._neighbour(q, i) | self._reask(name)) - {key}
 
     @staticmethod

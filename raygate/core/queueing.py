@@ -119,18 +119,19 @@ def askers(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: 
 def turns(queue: Sequence[Waiting], strategy: Strategy, lookahead: int, freed: str = "") -> dict[Key, Turn]:
     """Each job's turn, `queue` in order (for tests and status; the reconciler keeps only the askers)."""
     may = set(askers(queue, strategy, lookahead, freed))
-    parked = [j.order for j in queue if j.parked]
-    return {j.key: turn_at(queue, i, j.key in may, parked) for i, j in enumerate(queue)}
+    aside = [j.order for j in queue if j.aside]
+    return {j.key: turn_at(queue, i, j.key in may, aside) for i, j in enumerate(queue)}
 
 
-def turn_at(queue: Sequence[Waiting], i: int, may_ask: bool, parked: Sequence[tuple[int, str, str]]) -> Turn:
-    """The turn of the job at `i` of `queue` (in order); `parked`: the order of its jobs that never fit, sorted.
-    Those are out of the way: not counted ahead of anyone, nor named as the job one waits behind."""
+def turn_at(queue: Sequence[Waiting], i: int, may_ask: bool, aside: Sequence[tuple[int, str, str]]) -> Turn:
+    """The turn of the job at `i` of `queue` (in order); `aside`: the order of its jobs out of the way (they never
+    fit, or are Provisioned), sorted. Those are not counted ahead of anyone, nor named as the job one waits behind:
+    so the job behind a Provisioned one asks as the front, as it is once that one is admitted."""
     j = i - 1
-    while j >= 0 and queue[j].parked:  # parked jobs are few: a short walk
+    while j >= 0 and queue[j].aside:  # jobs aside are few (Provisioned ones are admitted within seconds): a short walk
         j -= 1
-    ahead = bisect.bisect_left(parked, queue[i].order)
-    return Turn(may_ask, i + 1 - ahead, len(queue) - len(parked), None if may_ask or j < 0 else queue[j].name)
+    ahead = bisect.bisect_left(aside, queue[i].order)
+    return Turn(may_ask, i + 1 - ahead, len(queue) - len(aside), None if may_ask or j < 0 else queue[j].name)
 
 
 # --- what a held job is, to its queue -------------------------------------------------------------

@@ -192,3 +192,47 @@ def test_explain_against_a_cluster_without_gang_scheduling_refuses_native_mode_n
                              "--kubeconfig", str(cluster.kubeconfig)))
     assert "native mode needs Kubernetes' gang scheduling" in line
     assert all(flag in line for flag in (*keys.GANG_APISERVER_FLAGS, *keys.GANG_SCHEDULER_FLAGS)), line
+
+
+def test_a_job_whose_request_is_provisioned_is_counted_ahead_of_no_one(
+        cluster: ControlPlane, make_namespace: Callable[..., str]) -> None:
+    """Its capacity is booked and it is about to be admitted: the job behind it is the front, as the reconciler
+    counts it (so that job asks as the front, and says so)."""
+    ns = make_namespace("status-booked")
+    classes = {"status-first": 999_999_001, "status-second": 999_999_000}  # ahead of any other test's jobs
+    for name, value in classes.items():
+        cluster.kubectl("create", "-f", "-", input_text=json.dumps(
+            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+             "value": value}))
+    try:
+        for name, state, annotations in (("first", "Provisioning", {keys.ATTEMPT_ANNOTATION: "1",
+                                                                    keys.REQUEST_ANNOTATION: "first-1"}),
+                                         ("second", "Pending", {})):
+            obj = ray_object("rayjob.sample.yaml", name, state, annotations)
+            obj["metadata"]["labels"][keys.RAY_PRIORITY_CLASS_LABEL] = f"status-{name}"
+            cluster.kubectl("create", "-n", ns, "-f", "-", input_text=json.dumps(obj))
+
+        def places() -> dict[str, Any]:
+            proc = raygate("status", "-n", ns, "-o", "json", "--kubeconfig", str(cluster.kubeconfig))
+            assert proc.returncode == 0, proc.stderr
+            return {i["name"]: i["queue"] for i in json.loads(proc.stdout)["items"]}
+
+        before = places()
+        assert (before["first"]["position"], before["second"]["position"]) == (1, 2), before
+        assert before["second"]["ahead"] == f"RayJob {ns}/first"
+        request = {"apiVersion": f"{keys.PROVREQ_GROUP}/v1", "kind": "ProvisioningRequest",
+                   "metadata": {"name": "first-1", "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE}},
+                   "spec": {"provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
+                            "podSets": [{"podTemplateRef": {"name": "first"}, "count": 1}]}}
+        cluster.kubectl("create", "-n", ns, "-f", "-", input_text=json.dumps(request))
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        booked = {"status": {"conditions": [
+            {"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now}
+            for t in ("Accepted", "Provisioned")]}}
+        cluster.kubectl("patch", "-n", ns, f"provisioningrequests.{keys.PROVREQ_GROUP}", "first-1",
+                        "--subresource=status", "--type=merge", "-p", json.dumps(booked))
+        after = places()
+        assert after["second"]["position"] == 1 and after["second"]["ahead"] is None, after
+        assert after["second"]["length"] == before["second"]["length"] - 1
+    finally:
+        cluster.kubectl("delete", "priorityclass", *classes, check=False)

@@ -71,8 +71,12 @@ def test_a_provisioned_job_is_out_of_the_way_and_the_next_asks_while_it_is_admit
         q.put("default", STRICT, job(f"q{i}", i))
     seen.clear()
     q.put("default", STRICT, replace(job("q1", 1), provisioned=True))  # capacity found for q1
-    assert "q2" in seen and q.turn(Key("RayJob", "ns", "q2")).may_ask  # type: ignore[union-attr]
-    assert not q.turn(Key("RayJob", "ns", "q3")).may_ask  # type: ignore[union-attr]
+    q2, q3 = q.turn(Key("RayJob", "ns", "q2")), q.turn(Key("RayJob", "ns", "q3"))
+    assert "q2" in seen and q2 is not None and q2.may_ask and q2.front  # it asks as the front it is about to be
+    assert q3 is not None and (q3.may_ask, q3.position, q3.length, q3.behind) == (False, 2, 2, "RayJob ns/q2")
+    q.put("default", STRICT, job("q1", 1))  # its booking ended: it is ahead again
+    q2 = q.turn(Key("RayJob", "ns", "q2"))
+    assert q2 is not None and (q2.may_ask, q2.position) == (False, 2)
 
 
 def test_only_a_request_whose_booking_holds_puts_its_job_out_of_the_way() -> None:

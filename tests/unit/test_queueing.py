@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key
 from raygate.core.queueing import Waiting, askers, ordered, turns
@@ -79,14 +81,16 @@ def test_a_job_no_node_group_can_hold_keeps_its_request_out_of_the_way_of_the_jo
     assert may_ask(queue, Strategy.STRICT_FIFO) == ["toobig", "q1"]
 
 
-def test_a_job_that_never_fits_is_out_of_the_way_of_positions_too() -> None:
-    """The job behind it is the front: position 1, waiting behind nobody, and it is the one to ask."""
-    toobig = Waiting(Key("RayJob", "ns", "toobig"), 0, "2030-01-01T00:00:00Z", "uid-toobig", parked=True)
-    queue = ordered([toobig, job("next", 1), job("last", 2)])
+@pytest.mark.parametrize("aside", [{"parked": True}, {"provisioned": True}], ids=["never fits", "provisioned"])
+def test_a_job_out_of_the_way_is_out_of_the_way_of_positions_too(aside: dict[str, bool]) -> None:
+    """The job behind one that never fits, or whose capacity is booked, is the front: position 1, waiting behind
+    nobody, and it is the one to ask (so its reason says "at the front", and its FrontOfQueue Event comes then)."""
+    first = replace(job("first", 0), **aside)
+    queue = ordered([first, job("next", 1), job("last", 2)])
     got = turns(queue, Strategy.STRICT_FIFO, 8)
     front, last = got[("RayJob", "ns", "next")], got[("RayJob", "ns", "last")]
-    assert (front.may_ask, front.position, front.length, front.front) == (True, 1, 2, True)
-    assert (last.position, last.behind) == (2, "RayJob ns/next")
+    assert (front.may_ask, front.position, front.length, front.front, front.behind) == (True, 1, 2, True, None)
+    assert (last.may_ask, last.position, last.behind) == (False, 2, "RayJob ns/next")
 
 
 def test_a_provisioned_job_holds_its_capacity_so_the_next_job_asks_meanwhile() -> None:
