@@ -201,8 +201,15 @@ class QueueIndex:
 
     @staticmethod
     def _neighbour(q: _Queue, i: int) -> set[Key]:
-        """The job at `i` got another job right ahead of it."""
-        return {q.jobs[i].key} if i < len(q.jobs) else set()
+        """The job at `i` got another job right ahead of it; so did the first one behind it that is not aside, when it
+        is (a job aside is named as ahead of no one)."""
+        out = set()
+        while i < len(q.jobs):
+            out.add(q.jobs[i].key)
+            if not q.jobs[i].aside:
+                break
+            i += 1
+        return out
 
     def _reask(self, name: str) -> set[Key]:
         """Recompute who asks; the jobs that start or stop asking."""

@@ -95,3 +95,15 @@ def test_only_a_request_whose_booking_holds_puts_its_job_out_of_the_way() -> Non
     assert waiting_of(key, w, rules, {}, 0, booked).provisioned  # type: ignore[union-attr]
     assert not waiting_of(key, w, rules, {}, 0, expired).provisioned  # type: ignore[union-attr]
     assert not waiting_of(key, w, rules, {}, 0, None).provisioned  # type: ignore[union-attr]
+
+
+def test_the_job_behind_one_aside_is_told_when_the_job_it_names_goes() -> None:
+    """It names the first job ahead that is not aside: when that one goes, its reason must not name a job gone."""
+    q, seen = index()
+    for name, created in (("w", 1), ("x", 2), ("p", 3), ("y", 4)):
+        q.put("default", STRICT, job(name, created))
+    q.put("default", STRICT, replace(job("p", 3), provisioned=True))
+    assert q.turn(Key("RayJob", "ns", "y")).behind == "RayJob ns/x"  # type: ignore[union-attr]
+    seen.clear()
+    q.drop(Key("RayJob", "ns", "x"))  # deleted while it waited
+    assert "y" in seen and q.turn(Key("RayJob", "ns", "y")).behind == "RayJob ns/w"  # type: ignore[union-attr]
