@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from raygate.core import keys, pki
+from raygate.core import booking, keys, pki
 from raygate.devenv.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -228,7 +228,7 @@ def test_a_job_whose_request_is_provisioned_is_counted_ahead_of_no_one(
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         booked = {"status": {"conditions": [
             {"type": t, "status": "True", "reason": t, "message": "", "lastTransitionTime": now}
-            for t in ("Accepted", "Provisioned")]}}
+            for t in (booking.ACCEPTED, booking.PROVISIONED)]}}
         cluster.kubectl("patch", "-n", ns, f"provisioningrequests.{keys.PROVREQ_GROUP}", "first-1",
                         "--subresource=status", "--type=merge", "-p", json.dumps(booked))
         after = places()
