@@ -175,13 +175,17 @@ def test_missing_kubeconfig_is_one_line(tmp_path: Path) -> None:
     assert "kubeconfig" in line.lower() or "credentials" in line
 
 
-def test_forbidden_is_one_line(cluster: ControlPlane, tmp_path: Path) -> None:
+def _user_kubeconfig(cluster: ControlPlane, tmp_path: Path, user: str) -> Path:
     ca = pki.KeyPair((cluster.pki / "ca.crt").read_bytes(), (cluster.pki / "ca.key").read_bytes())
-    user = pki.make_leaf(ca, "raygate-test-nobody", dt.timedelta(hours=1), server=False, client=True)
-    (tmp_path / "u.crt").write_bytes(user.cert_pem)
-    (tmp_path / "u.key").write_bytes(user.key_pem)
-    cfg = _kubeconfig(tmp_path / "kc", cluster.server, str(cluster.pki / "ca.crt"), str(tmp_path / "u.crt"),
-                      str(tmp_path / "u.key"))
+    leaf = pki.make_leaf(ca, user, dt.timedelta(hours=1), server=False, client=True)
+    (tmp_path / "u.crt").write_bytes(leaf.cert_pem)
+    (tmp_path / "u.key").write_bytes(leaf.key_pem)
+    return _kubeconfig(tmp_path / "kc", cluster.server, str(cluster.pki / "ca.crt"), str(tmp_path / "u.crt"),
+                       str(tmp_path / "u.key"))
+
+
+def test_forbidden_is_one_line(cluster: ControlPlane, tmp_path: Path) -> None:
+    cfg = _user_kubeconfig(cluster, tmp_path, "raygate-test-nobody")
     line = _one_line(raygate("status", "-n", "default", "--kubeconfig", str(cfg)))
     assert "forbidden" in line and "rayjobs.ray.io" in line and "raygate-test-nobody" in line, line
 
@@ -236,3 +240,26 @@ def test_a_job_whose_request_is_provisioned_is_counted_ahead_of_no_one(
         assert after["second"]["length"] == before["second"]["length"] - 1
     finally:
         cluster.kubectl("delete", "priorityclass", *classes, check=False)
+
+
+def test_a_user_with_rights_in_one_namespace_sees_its_jobs_places(cluster: ControlPlane, held: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    """The users clusters have: Kubernetes' built-in `edit` role and a Role on Ray objects, in one namespace. They may
+    list neither other namespaces, PriorityClasses, raygate's config nor its ProvisioningRequests: the places are
+    computed among what they may list, not refused."""
+    ns = held["a"]
+    rbac = [{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "ray-edit"},
+             "rules": [{"apiGroups": [keys.RAY_GROUP], "resources": [keys.RAYJOB_PLURAL, keys.RAYCLUSTER_PLURAL],
+                        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]},
+            *({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": f"carol-{r}"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": r},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "carol"}]}
+              for kind, r in (("Role", "ray-edit"), ("ClusterRole", "edit")))]
+    for obj in rbac:
+        cluster.kubectl("apply", "-n", ns, "-f", "-", input_text=json.dumps(obj))
+    proc = raygate("status", "-n", ns, "-o", "json", "--kubeconfig", str(_user_kubeconfig(cluster, tmp_path, "carol")))
+    assert proc.returncode == 0, proc.stderr
+    places = {i["name"]: i["queue"] for i in json.loads(proc.stdout)["items"]}
+    assert places["broken-job"] is None  # Failed: in no queue
+    held_here = sorted(p["position"] for name, p in places.items() if p is not None)
+    assert held_here == [1, 2, 3] and {p["length"] for p in places.values() if p is not None} == {3}, places
