@@ -201,8 +201,8 @@ class QueueIndex:
 
     @staticmethod
     def _neighbour(q: _Queue, i: int) -> set[Key]:
-        """The job at `i` got another job right ahead of it; so did the first one behind it that is not aside, when it
-        is (a job aside is named as ahead of no one)."""
+        """The job at `i` has another job right ahead of it now. When it is aside (named as ahead of no one), so has
+        the first job behind it that is not."""
         out = set()
         while i < len(q.jobs):
             out.add(q.jobs[i].key)
