@@ -74,6 +74,12 @@ def owner_of(obj: Mapping[str, Any]) -> identity.RayOwner | None:
     return ref if ref is not None else identity.RayOwner.parse(identity.recorded(obj))
 
 
+def made_for(child: Mapping[str, Any]) -> str | None:
+    """The uid of the job a child was made for (a child of an earlier job of the same name is not this one's)."""
+    owner = owner_of(child)
+    return owner.uid if owner is not None else None
+
+
 def controller_key(obj: Mapping[str, Any]) -> Key | None:
     """The RayJob or RayCluster a child was made for."""
     owner = owner_of(obj)

@@ -466,8 +466,8 @@ class Controller:
         if key.kind == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj) or identity.recorded_parent(obj)):
             return  # KubeRay's cluster of a RayJob carries its labels; the RayJob is what we hold (or held)
         uid = meta_str(obj, "uid")
-        mine = {k: [c for c in v if _made_for(c) == uid] for k, v in kids.items()}
-        strays = {k: [c for c in v if _made_for(c) != uid] for k, v in kids.items()}
+        mine = {k: [c for c in v if children.made_for(c) == uid] for k, v in kids.items()}
+        strays = {k: [c for c in v if children.made_for(c) != uid] for k, v in kids.items()}
         self._delete_orphans(strays)  # children of an earlier job of the same name
         self._reconcile_job(key, obj, mine, retry_conflict=True)
 
@@ -777,12 +777,6 @@ def _said_view(obj: JSON) -> JSON:
 def _priority_view(obj: JSON) -> JSON:
     return {"metadata": {"name": meta_str(obj, "name")}, "value": obj.get("value"),
             "globalDefault": obj.get("globalDefault")}
-
-
-def _made_for(child: JSON) -> str | None:
-    """The uid of the job a child was made for."""
-    owner = children.owner_of(child)
-    return owner.uid if owner is not None else None
 
 
 def _legacy_child_of(cluster: JSON, job: JSON) -> bool:

@@ -27,6 +27,7 @@ from raygate.core.preemption import Running
 from raygate.core.queueing import PriorityClasses, Turn, Waiting, askers
 from raygate.core.times import parse_time
 from raygate.core.workload import ManifestError, Workload
+from raygate.reconciler.children import made_for
 
 
 def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClasses, global_default: int,
@@ -40,6 +41,8 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
     except ManifestError:
         shape = {}  # unreadable: its decision fails it with the reason
     name = queueing.priority_class_name(w, rules.policy.default_priority_class_name)
+    if request is not None and made_for(request) != w.uid:
+        request = None  # not made for this job (an earlier one of its name, or not raygate's): it books nothing
     provisioned = conditions(request).get("Provisioned") if request is not None else None
     answered = provisioned.last_transition if provisioned is not None and not provisioned.true and \
         provisioned.reason else None

@@ -224,8 +224,12 @@ def test_a_job_whose_request_is_provisioned_is_counted_ahead_of_no_one(
         before = places()
         assert (before["first"]["position"], before["second"]["position"]) == (1, 2), before
         assert before["second"]["ahead"] == f"RayJob {ns}/first"
+        uid = cluster.kubectl("get", "rayjob", "first", "-n", ns, "-o", "jsonpath={.metadata.uid}")
+        owner = {"apiVersion": f"{keys.RAY_GROUP}/{keys.RAY_VERSION}", "kind": keys.RAYJOB_KIND, "name": "first",
+                 "uid": uid, "controller": True}  # as the reconciler makes it: one not made for the job books nothing
         request = {"apiVersion": f"{keys.PROVREQ_GROUP}/v1", "kind": "ProvisioningRequest",
-                   "metadata": {"name": "first-1", "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE}},
+                   "metadata": {"name": "first-1", "labels": {keys.MANAGED_BY_LABEL: keys.MANAGED_BY_VALUE},
+                                "ownerReferences": [owner]},
                    "spec": {"provisioningClassName": "check-capacity.autoscaling.x-k8s.io",
                             "podSets": [{"podTemplateRef": {"name": "first"}, "count": 1}]}}
         cluster.kubectl("create", "-n", ns, "-f", "-", input_text=json.dumps(request))
