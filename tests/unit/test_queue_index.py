@@ -96,7 +96,7 @@ def test_only_a_request_whose_booking_holds_puts_its_job_out_of_the_way() -> Non
     assert waiting_of(key, w, rules, {}, 0, booked).provisioned  # type: ignore[union-attr]
     assert not waiting_of(key, w, rules, {}, 0, expired).provisioned  # type: ignore[union-attr]
     assert not waiting_of(key, w, rules, {}, 0, None).provisioned  # type: ignore[union-attr]
-    # One of the same name made for an earlier job of the same name (or by anyone but raygate) is not its booking.
+    # One of that name whose owner is another uid (not raygate's for this job) is not its booking.
     earlier = copy.deepcopy(booked)
     earlier["metadata"]["ownerReferences"][0]["uid"] = "uid-of-an-earlier-job"
     assert not waiting_of(key, w, rules, {}, 0, earlier).provisioned  # type: ignore[union-attr]
