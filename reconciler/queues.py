@@ -42,7 +42,7 @@ def waiting_of(key: Key, w: Workload, rules: ObjectRules, classes: PriorityClass
         shape = {}  # unreadable: its decision fails it with the reason
     name = queueing.priority_class_name(w, rules.policy.default_priority_class_name)
     if request is not None and made_for(request) != w.uid:
-        request = None  # not made for this job (an earlier one of its name, or not raygate's): it books nothing
+        request = None  # not raygate's for this job (its owner is another uid, or none): it books nothing
     provisioned = conditions(request).get("Provisioned") if request is not None else None
     answered = provisioned.last_transition if provisioned is not None and not provisioned.true and \
         provisioned.reason else None
