@@ -96,8 +96,8 @@ class Place:
     """Where a held job stands in its queue, computed when asked (raygate writes no position on the jobs)."""
 
     queue: str
-    position: int  # 1 is the front
-    length: int
+    position: int | None  # 1 is the front; None for a job out of the way (Provisioned, or never fits)
+    length: int  # jobs in line, those out of the way not counted
     ahead: str | None  # the job right ahead of it
     priority: int
 
@@ -206,7 +206,7 @@ def human_duration(seconds: int) -> str:
 def render_table(rows: list[Held], out: TextIO) -> None:
     table = [COLUMNS] + [
         (r.namespace, f"{r.kind.lower()}/{r.name}", r.state, r.place.queue if r.place else "-",
-         f"{r.place.position}/{r.place.length}" if r.place else "-",
+         f"{r.place.position}/{r.place.length}" if r.place and r.place.position else "-",
          (r.place.ahead or "-") if r.place else "-", "-" if r.attempt is None else str(r.attempt),
          human_duration(r.waiting_seconds), r.gang, r.preemption + (r.reason or "-"))
         for r in rows
@@ -271,7 +271,8 @@ def collect(kube: Kube, namespace: str | None, now: dt.datetime | None = None) -
         rows += held_from(res.kind, listed, now, by_owner)
     places = queue_places(kube, namespace)
     rows = [replace(r, place=places.get((r.kind, r.namespace, r.name))) for r in rows]
-    rows.sort(key=lambda r: (r.namespace, r.place.queue if r.place else "~", r.place.position if r.place else 0,
+    # In its queue's section, a job out of the way (no position) first: it is being admitted, or never fits.
+    rows.sort(key=lambda r: (r.namespace, r.place.queue if r.place else "~", (r.place and r.place.position) or 0,
                              -r.waiting_seconds, r.kind, r.name))
     return rows
 
@@ -327,8 +328,10 @@ def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str]
         aside = [j.order for j in order if j.aside]
         for i, job in enumerate(order):
             turn = queueing.turn_at(order, i, False, aside)
+            # A job out of the way stands in no line: its count would be that of the job behind it.
             out[(job.key.kind, job.key.namespace, job.key.name)] = Place(
-                name, turn.position, turn.length, turn.behind, job.priority)
+                name, None if job.aside else turn.position, turn.length, None if job.aside else turn.behind,
+                job.priority)
     return out
 
 

@@ -242,6 +242,7 @@ def test_a_job_whose_request_is_provisioned_is_counted_ahead_of_no_one(
         after = places()
         assert after["second"]["position"] == 1 and after["second"]["ahead"] is None, after
         assert after["second"]["length"] == before["second"]["length"] - 1
+        assert after["first"]["name"] == before["first"]["name"] and after["first"]["position"] is None, after
     finally:
         cluster.kubectl("delete", "priorityclass", *classes, check=False)
 

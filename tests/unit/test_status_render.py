@@ -104,6 +104,16 @@ def test_a_held_jobs_place_in_its_queue_is_shown() -> None:
                                          "priority": 100}
 
 
+def test_a_job_out_of_the_way_shows_its_queue_but_no_position() -> None:
+    (row,) = held_from("RayJob", [obj("a", "Provisioning")], NOW)
+    aside = replace(row, place=Place("default", None, 6, None, 100))
+    out = io.StringIO()
+    render_table([aside], out)
+    assert out.getvalue().splitlines()[1].split()[3:6] == ["default", "-", "-"]
+    assert aside.as_json()["queue"] == {"name": "default", "position": None, "length": 6, "ahead": None,
+                                        "priority": 100}
+
+
 def test_json_output() -> None:
     out = io.StringIO()
     render_json(held_from("RayJob", [obj("a", "Pending")], NOW), out)
