@@ -1,11 +1,6 @@
 """The watch-and-reconcile loop: informers feed a work queue of job keys; workers run the pure
-decision on what the caches hold and apply its plan.
-
-The caches are the reconciler's only view, and they can lag behind its own writes. Two small
-in-memory notes cover the lag (the job version a patch returned; children just created or
-deleted), so a reconcile right after a write neither repeats it nor undoes it. They are hints:
-correctness comes from the state test on every job patch and from deterministic child
-names, which is why a restart with empty notes is safe.
+decision on what the caches hold (with the notes that cover their lag, reconciler/view.py) and
+apply its plan.
 """
 
 from __future__ import annotations
@@ -13,15 +8,11 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from raygate.core import booking, dra, identity, keys, logs, podgate, preemption
 from raygate.core.api import CLAIM_TEMPLATES, EVENTS, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
@@ -33,11 +24,12 @@ from raygate.core.objects import JSON, Key, PodKey, controller_ref, get, meta_st
 from raygate.core.policy import NamespacePolicy, QueuePolicy
 from raygate.core.times import parse_time, timestamp
 from raygate.core.workload import Workload
-from raygate.kube import discovery, events
+from raygate.kube import discovery
 from raygate.kube.client import JSON_PATCH, ApiError, Kube
 from raygate.kube.configsource import ConfigSource
 from raygate.kube.informer import Informer
 from raygate.reconciler import children, decision, metrics
+from raygate.reconciler.event_sender import EventSender
 from raygate.reconciler.held import prerequisite_to_check
 from raygate.reconciler.plan import (
     Action,
@@ -58,12 +50,12 @@ from raygate.reconciler.plan import (
 )
 from raygate.reconciler.pods import JOBS, PodIndex
 from raygate.reconciler.queues import QueueIndex, rules_of, running_of, waiting_of
+from raygate.reconciler.view import ChildKey, Notes, child_view, slim
 from raygate.reconciler.workqueue import BATCH_SECONDS, Backoff, WorkQueue, run_workers
 
 log = logging.getLogger("raygate.reconciler")
 
 POD = "Pod"  # the work queue's kind of key for a gated pod to place (reconciler/pods.py)
-ChildKey = tuple[ChildKind, str, str]  # (child kind, namespace, name)
 JOB_KINDS: dict[str, Resource] = {keys.RAYJOB_KIND: RAYJOBS, keys.RAYCLUSTER_KIND: RAYCLUSTERS}
 REQUEUE_SLACK = 0.05  # requeue just after a deadline, not just before it
 # Objects per page of a cache's initial list: all caches list at once on start, and a parsed page of
@@ -79,65 +71,6 @@ class Options:
     # first of a batch; with a max, once its pods are quiet this long, at the latest max after the first.
     pod_batch_seconds: float = BATCH_SECONDS
     pod_batch_max_seconds: float | None = None
-
-
-def slim(obj: JSON) -> JSON:
-    """Cached objects without managedFields: the reconciler never reads them, and on jobs patched
-    several times they are a large part of each object."""
-    meta = obj.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    return obj
-
-
-def child_view(obj: JSON) -> JSON:
-    """A child as the reconciler keeps it: without managedFields and without a PodTemplate's
-    template, most of it and never read back (a PodGroup's spec and a request's status are)."""
-    return {k: v for k, v in slim(obj).items() if k != "template"}
-
-
-def event_subject(job: JSON) -> JSON:
-    """The fields of a job an Event refers to: a queued Event holds these, not the whole job."""
-    found = metadata(job)
-    return {"apiVersion": job.get("apiVersion"), "kind": job.get("kind"),
-            "metadata": {k: found.get(k) for k in ("name", "namespace", "uid", "resourceVersion")}}
-
-
-class EventSender:
-    """Events leave the reconcile path on their own threads, so a worker's next job never waits for
-    a report; and while jobs are queued they wait (up to `max_defer` seconds), so that in a burst the
-    API server's time goes to admissions first. One lost in a crash is only a report; deterministic
-    names keep a replay from doubling it."""
-
-    def __init__(self, kube: Kube, busy: Callable[[], bool] = lambda: False, threads: int = 2,
-                 capacity: int = 10_000, max_defer: float = 10.0) -> None:
-        self.kube = kube
-        self._busy = busy
-        self._max_defer = max_defer
-        self._queue: queue.Queue[tuple[float, JSON, Emit] | None] = queue.Queue(capacity)
-        self._threads = [threading.Thread(target=self._run, name=f"events-{i}", daemon=True) for i in range(threads)]
-        for t in self._threads:
-            t.start()
-
-    def send(self, job: JSON, emit: Emit) -> None:
-        try:
-            self._queue.put_nowait((time.monotonic(), event_subject(job), emit))
-        except queue.Full:
-            log.warning("event dropped: too many queued", extra={**logs.ref(job), "reason": emit.reason})
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            queued, job, emit = item
-            deadline = queued + self._max_defer
-            while self._busy() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            events.record(self.kube, job, emit.reason, emit.message, warning=emit.warning, name=emit.name)
-
-    def stop(self, grace: float = 5.0) -> None:
-        for _ in self._threads:
-            self._queue.put(None)
-        for t in self._threads:
-            t.join(grace)
 
 
 class Controller:
@@ -177,12 +110,9 @@ class Controller:
         self.claim_templates = (Informer(kube, CLAIM_TEMPLATES, resync_seconds=rs, transform=dra.template_view,
                                          page_size=LIST_PAGE)
                                 if kube.served(keys.DRA_GROUP, keys.DRA_VERSION) else None)
+        self.notes = Notes(self.children)
         self._lock = threading.Lock()
-        self._owned: dict[Key, set[ChildKey]] = {}  # children by the job that controls them
-        self._fresh: dict[Key, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
         self._cluster_of: dict[tuple[str, str], str] = {}  # (namespace, RayJob) -> KubeRay's RayCluster for it
-        self._created: dict[ChildKey, JSON] = {}  # created, not yet in the cache
-        self._gone: set[ChildKey] = set()  # deleted, still in the cache
         self._workers: list[threading.Thread] = []
         # The queues held jobs wait in (reconciler/queues.py), kept from the caches like everything else; the
         # PriorityClasses their order reads.
@@ -300,15 +230,7 @@ class Controller:
         def handle(event: str, obj: JSON) -> None:
             ck: ChildKey = (kind, meta_str(obj, "namespace"), meta_str(obj, "name"))
             owner = children.controller_key(obj)
-            with self._lock:
-                if event == "DELETED":
-                    self._gone.discard(ck)
-                    if owner:
-                        self._owned.get(owner, set()).discard(ck)
-                else:
-                    self._created.pop(ck, None)
-                    if owner:
-                        self._owned.setdefault(owner, set()).add(ck)
+            self.notes.cache_event(event, ck, owner)
             if owner:
                 if kind == ChildKind.PROVISIONING_REQUEST:
                     self._place(owner)  # the autoscaler's answer decides whether the jobs behind it may try
@@ -414,28 +336,8 @@ class Controller:
 
     # --- the view -------------------------------------------------------------------------------------
     def _job(self, key: Key) -> JSON | None:
-        kind, ns, name = key
-        obj = self.jobs[kind].get(ns, name)
-        with self._lock:
-            fresh = self._fresh.pop(key, None)
-            if obj is not None and fresh is not None and meta_str(obj, "resourceVersion") == fresh[0]:
-                self._fresh[key] = fresh
-                obj = orjson.loads(fresh[1])  # the cache still holds the version our own patch replaced
-        return _typed(obj, kind) if obj is not None else None
-
-    def _children_of(self, key: Key) -> dict[ChildKind, list[JSON]]:
-        out: dict[ChildKind, list[JSON]] = {k: [] for k in self.child_resources}
-        with self._lock:
-            owned = set(self._owned.get(key, set())) - self._gone
-            created = [(ck, o) for ck, o in self._created.items() if children.controller_key(o) == key]
-        for ck in owned:
-            obj = self.children[ck[0]].get(ck[1], ck[2])
-            if obj is not None:
-                out[ck[0]].append(obj)
-        for ck, obj in created:
-            if ck not in owned:
-                out[ck[0]].append(obj)
-        return out
+        obj = self.notes.job(key, self.jobs[key.kind].get(key.namespace, key.name))
+        return _typed(obj, key.kind) if obj is not None else None
 
     # --- reconcile ----------------------------------------------------------------------------------
     def _handle(self, key: Key) -> None:
@@ -459,7 +361,7 @@ class Controller:
             self._reconcile_pod(key.namespace, key.name)
             return
         obj = self._job(key)
-        kids = self._children_of(key)
+        kids = self.notes.children_of(key)
         if obj is None:
             self._delete_orphans(kids)  # the job is gone: free its booking now rather than at GC
             return
@@ -591,8 +493,7 @@ class Controller:
                 old_rv = meta_str(job, "resourceVersion")
                 job = _typed(slim(self.kube.patch(JOB_KINDS[key.kind], key.name, list(action.ops), key.namespace,
                                                   content_type=JSON_PATCH)), key.kind)
-                with self._lock:
-                    self._fresh[key] = (old_rv, orjson.dumps(job))
+                self.notes.patched(key, old_rv, job)
                 self._count_step(action.step, w, now)
                 log.info("job updated", extra={**ref, "step": action.step, "state": get(
                     job, ("metadata", "labels", keys.STATE_LABEL)), "reason": get(
@@ -636,8 +537,7 @@ class Controller:
             if err.status in (400, 422):
                 raise RefusedChild(f"the API server refused {action.kind} {meta['name']}: {err.message}") from None
             raise
-        with self._lock:
-            self._created[ck] = child_view(created)
+        self.notes.written(ck, created)
         return True
 
     def _patch_child(self, namespace: str, action: PatchChild) -> None:
@@ -652,19 +552,14 @@ class Controller:
             if err.not_found or (action.status and err.status == 422):
                 return  # gone; or its status changed since it was read (decided again on the new one)
             raise
-        with self._lock:
-            self._created[(action.kind, namespace, action.name)] = child_view(patched)
+        self.notes.written((action.kind, namespace, action.name), patched)
 
     def _delete(self, namespace: str, action: Delete) -> None:
         res = self.child_resources.get(action.kind)
         if res is None:
             return
         self.kube.delete(res, action.name, namespace)
-        with self._lock:
-            ck = (action.kind, namespace, action.name)
-            self._created.pop(ck, None)
-            if self.children[action.kind].get(namespace, action.name) is not None:
-                self._gone.add(ck)
+        self.notes.deleted((action.kind, namespace, action.name))
 
     def _observed(self, namespace: str, kids: dict[ChildKind, list[JSON]], key: Key | None = None,
                   policy: NamespacePolicy | None = None, preempting: str = "") -> Observed:

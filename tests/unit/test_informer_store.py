@@ -12,8 +12,10 @@ import pytest
 from raygate.core.api import RAYJOBS
 from raygate.core.booking import settled
 from raygate.kube.informer import Informer
-from raygate.reconciler.controller import _with_templates_grouped, child_view, event_subject, slim
+from raygate.reconciler.controller import _with_templates_grouped
+from raygate.reconciler.event_sender import event_subject
 from raygate.reconciler.plan import Create, Delete
+from raygate.reconciler.view import child_view, slim
 
 
 def job(name: str, rv: str = "1", **extra: Any) -> dict[str, Any]:
