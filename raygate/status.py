@@ -306,8 +306,7 @@ def queue_places(kube: Kube, namespace: str | None) -> dict[tuple[str, str, str]
         config = parse_config(str((cm.get("data") or {}).get(keys.CONFIGMAP_KEY, "")))
     except (ApiError, ValueError):
         config = DEFAULT_CONFIG  # unreadable here: the reconciler's own view may differ, the order does not
-    classes = {str(c["metadata"]["name"]): int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None)}
-    default = next((int(c.get("value") or 0) for c in listed(PRIORITY_CLASSES, None) if c.get("globalDefault")), 0)
+    classes, default = queueing.priority_classes(listed(PRIORITY_CLASSES, None))
     # A job whose request is Provisioned is out of the way of the jobs behind it, as the reconciler counts them.
     version = served_provreq_version(kube)
     mine = listed(provisioning_requests(version), None, labelSelector=keys.MANAGED_SELECTOR) if version else []

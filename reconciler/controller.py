@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from raygate.core import booking, dra, identity, keys, logs, podgate, preemption
+from raygate.core import booking, dra, identity, keys, logs, podgate, preemption, queueing
 from raygate.core.api import CLAIM_TEMPLATES, EVENTS, PODS, PRIORITY_CLASSES, RAYCLUSTERS, RAYJOBS, Resource, Served
 from raygate.core.booking import settled
 from raygate.core.keys import ChildKind
@@ -253,7 +253,7 @@ class Controller:
         informer = self.children.get(ChildKind.PROVISIONING_REQUEST)
         current = w.annotations.get(keys.REQUEST_ANNOTATION)
         request = informer.get(w.namespace, current) if informer is not None and current else None
-        classes, global_default = self._priorities()
+        classes, global_default = queueing.priority_classes(self.priority_classes.iter_items())
         name = rules.policy.queue
         waiting = waiting_of(key, w, rules, classes, global_default, request)
         if waiting is not None:
@@ -294,13 +294,6 @@ class Controller:
         oldest = self.queues.oldest()
         return {name: (n, max((now - t).total_seconds(), 0.0) if (t := parse_time(oldest.get(name))) else 0.0)
                 for name, n in self.queues.lengths().items()}
-
-    def _priorities(self) -> tuple[dict[str, int], int]:
-        """PriorityClass values by name, and the cluster's global default (0 without one)."""
-        classes = {meta_str(o, "name"): int(o.get("value") or 0) for o in self.priority_classes.iter_items()}
-        default = next((int(o.get("value") or 0) for o in self.priority_classes.iter_items()
-                        if o.get("globalDefault") is True), 0)
-        return classes, default
 
     def _consumers_changed(self, namespace: str, request: str) -> None:
         """A request got its first running pod or lost its last one: its job decides whether it may go; and when

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from raygate.core import keys, podgate
 from raygate.core.keys import QueueStrategy as Strategy
@@ -170,6 +171,15 @@ def priority_problem(namespace: str, policy: NamespacePolicy, w: Workload) -> st
     return (f"it names PriorityClass {', '.join(bad)}, but namespace {namespace} allows "
             f"{'only ' + ', '.join(allowed) if allowed else 'none'} (allowedPriorityClassNames in raygate-config): "
             f"name one of those in label {keys.RAY_PRIORITY_CLASS_LABEL} and priorityClassName, or none")
+
+
+def priority_classes(objects: Iterable[Mapping[str, Any]]) -> tuple[PriorityClasses, int]:
+    """The value of each PriorityClass (as the API returns them) by name, and the cluster's global default's (0
+    without one)."""
+    listed = list(objects)
+    classes = {str(get(o, ("metadata", "name"))): int(o.get("value") or 0) for o in listed}
+    default = next((int(o.get("value") or 0) for o in listed if o.get("globalDefault") is True), 0)
+    return classes, default
 
 
 def priority(name: str | None, classes: PriorityClasses, global_default: int = 0) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key
-from raygate.core.queueing import Waiting, askers, ordered, turns
+from raygate.core.queueing import Waiting, askers, ordered, priority, priority_classes, turns
 
 ONE_NODE = {("a100", "gpu=4"): 1}
 TWO_NODES = {("a100", "gpu=4"): 2}
@@ -99,3 +99,14 @@ def test_a_provisioned_job_holds_its_capacity_so_the_next_job_asks_meanwhile() -
     assert may_ask(queue, Strategy.STRICT_FIFO) == ["q1", "q2"]
     assert turns(ordered(queue), Strategy.STRICT_FIFO, 8)[("RayJob", "ns", "q3")].behind == "RayJob ns/q2"
 
+
+
+def test_priority_classes_by_name_and_the_global_default_for_a_job_that_names_none() -> None:
+    listed = [{"metadata": {"name": "low"}, "value": 10},
+              {"metadata": {"name": "usual"}, "value": 100, "globalDefault": True},
+              {"metadata": {"name": "unset"}}]
+    classes, default = priority_classes(listed)
+    assert (classes, default) == ({"low": 10, "usual": 100, "unset": 0}, 100)
+    assert (priority(None, classes, default), priority("low", classes, default), priority("gone", classes, default)) \
+        == (100, 10, 0)
+    assert priority_classes([{"metadata": {"name": "low"}, "value": 10}])[1] == 0  # no global default
