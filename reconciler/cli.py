@@ -282,7 +282,7 @@ def _lead(kube: Kube, controller: Controller, namespace: str, identity: str, tim
     while not stop.wait(0.2) and not elector.lost.is_set():
         pass
     controller.stop()  # in-flight reconciles finish before the Lease is given up
-    elector.stop()
+    elector.stop(timing.renew_deadline)  # as client-go releases once its renew loop has returned
     if elector.lost.is_set():
         # Another replica may be acting now: exit so the Deployment restarts us as a clean standby.
         raise RaygateError("lost the leader lease; exiting so that only one reconciler acts")

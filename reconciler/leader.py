@@ -53,6 +53,7 @@ class LeaderElector:
         self.leading = threading.Event()
         self.lost = threading.Event()
         self._stop = threading.Event()
+        self._ended = threading.Event()  # run() returned: no renewal is in flight
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
 
@@ -127,6 +128,12 @@ class LeaderElector:
     # --- the loop -----------------------------------------------------------------------------
     def run(self, on_started: Callable[[], None]) -> None:
         """Block until leading (calls on_started), then keep renewing until stop() or loss."""
+        try:
+            self._run(on_started)
+        finally:
+            self._ended.set()
+
+    def _run(self, on_started: Callable[[], None]) -> None:
         while not self._stop.is_set():
             try:
                 if self.try_acquire_or_renew():
@@ -154,5 +161,8 @@ class LeaderElector:
                 self.lost.set()
                 return
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop renewing, and wait (at most `timeout` seconds) for a renewal in flight to end: a release that reads
+        the Lease while that renewal still writes it is refused (409), and the Lease would then be waited out."""
         self._stop.set()
+        self._ended.wait(timeout)
