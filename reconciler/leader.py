@@ -161,7 +161,7 @@ class LeaderElector:
                 self.lost.set()
                 return
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float = 0.0) -> None:
         """Stop renewing, and wait (at most `timeout` seconds) for a renewal in flight to end: a release that reads
         the Lease while that renewal still writes it is refused (409), and the Lease would then be waited out."""
         self._stop.set()
