@@ -42,24 +42,29 @@ class Notes:
         self._caches = caches  # the children's caches, by kind
         self._lock = threading.Lock()
         self._owned: dict[Key, set[ChildKey]] = {}  # cached children by the job that controls them
-        self._fresh: dict[Key, tuple[str, bytes]] = {}  # (version patched from, version the patch returned)
+        # Per job: the versions our patches replaced that the cache may still show, the version the last one
+        # returned, and that job.
+        self._fresh: dict[Key, tuple[frozenset[str], str, bytes]] = {}
         self._created: dict[ChildKey, JSON] = {}  # created or patched, not yet so in the cache
         self._gone: set[ChildKey] = set()  # deleted, still in the cache
 
     # --- jobs ---------------------------------------------------------------------------------------
     def patched(self, key: Key, old_version: str, job: JSON) -> None:
-        """The job as a patch of version `old_version` returned it."""
+        """The job as a patch of version `old_version` returned it. A patch of the version an earlier one returned
+        (two in a row, the cache behind both) leaves the cache possibly at either version replaced."""
         with self._lock:
-            self._fresh[key] = (old_version, orjson.dumps(job))
+            before = self._fresh.get(key)
+            stale = before[0] if before is not None and before[1] == old_version else frozenset()
+            self._fresh[key] = (stale | {old_version}, meta_str(job, "resourceVersion"), orjson.dumps(job))
 
     def job(self, key: Key, cached: JSON | None) -> JSON | None:
-        """The job: the cached one, unless the cache still holds the version our own patch replaced."""
+        """The job: the cached one, unless the cache still holds a version our own patches replaced."""
         with self._lock:
             fresh = self._fresh.pop(key, None)
-            if cached is None or fresh is None or meta_str(cached, "resourceVersion") != fresh[0]:
+            if cached is None or fresh is None or meta_str(cached, "resourceVersion") not in fresh[0]:
                 return cached
             self._fresh[key] = fresh
-        found: JSON = orjson.loads(fresh[1])
+        found: JSON = orjson.loads(fresh[2])
         return found
 
     # --- children -----------------------------------------------------------------------------------

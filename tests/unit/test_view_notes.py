@@ -51,6 +51,19 @@ def test_a_job_is_read_as_our_patch_returned_it_until_the_cache_moves_past_the_v
     assert n.job(JOB, None) is None
 
 
+def test_two_patches_in_a_row_are_read_as_the_second_returned_it_while_the_cache_is_behind_both() -> None:
+    n, _ = notes()
+    first = {"metadata": {"name": "train", "resourceVersion": "5"}, "spec": {"suspend": True}}
+    n.patched(JOB, "5", {"metadata": {"name": "train", "resourceVersion": "6"}, "spec": {"suspend": True}})
+    second = {"metadata": {"name": "train", "resourceVersion": "7"}, "spec": {"suspend": False}}
+    n.patched(JOB, "6", second)
+    assert n.job(JOB, first) == second  # not the version both patches replaced, which would be decided on again
+    between = {"metadata": {"name": "train", "resourceVersion": "6"}, "spec": {"suspend": True}}
+    assert n.job(JOB, between) == second
+    n.patched(JOB, "9", {"metadata": {"name": "train", "resourceVersion": "10"}})  # from another version: a new note
+    assert n.job(JOB, first) is first
+
+
 def test_a_child_just_created_is_the_jobs_and_one_just_deleted_is_not_until_the_cache_says_so() -> None:
     n, cache = notes()
     cached(cache, n, "ADDED", request("old"))
