@@ -49,7 +49,7 @@ from raygate.reconciler.plan import (
     fail,
 )
 from raygate.reconciler.pods import JOBS, PodIndex
-from raygate.reconciler.queues import QueueIndex, rules_of, running_of, waiting_of
+from raygate.reconciler.queues import Placement, QueueIndex, rules_of, running_of, waiting_of
 from raygate.reconciler.view import ChildKey, Notes, child_view, slim
 from raygate.reconciler.workqueue import BATCH_SECONDS, Backoff, WorkQueue, run_workers
 
@@ -241,12 +241,14 @@ class Controller:
 
     # --- the queues ---------------------------------------------------------------------------------
     def _place(self, key: Key) -> None:
+        self.queues.place(key, lambda: self._placement(key))
+
+    def _placement(self, key: Key) -> Placement | None:
         """The job's place in its queue, as the caches have it now (none: not held, or nothing booked)."""
         obj = self._job(key)
         if obj is None or (key.kind == keys.RAYCLUSTER_KIND and (self.kuberay_child(obj)
                                                                   or identity.recorded_parent(obj))):
-            self.queues.drop(key)
-            return
+            return None
         w = Workload(obj, self._claim_template)
         cfg = self.config.config
         rules = for_object(cfg.policy_for(w.namespace), w.annotations)
@@ -255,19 +257,18 @@ class Controller:
         request = informer.get(w.namespace, current) if informer is not None and current else None
         classes, global_default = queueing.priority_classes(self.priority_classes.iter_items())
         name = rules.policy.queue
-        waiting = waiting_of(key, w, rules, classes, global_default, request)
-        if waiting is not None:
-            self.queues.put(name, rules_of(cfg.queues.get(name) or QueuePolicy()), waiting)
-        elif (running := running_of(key, w, rules, classes, global_default)) is not None:
-            self.queues.run(name, running)
-        else:
-            self.queues.drop(key)
+        job = waiting_of(key, w, rules, classes, global_default, request) or running_of(
+            key, w, rules, classes, global_default)
+        return Placement(name, rules_of(cfg.queues.get(name) or QueuePolicy()), job) if job is not None else None
 
     def _place_all(self) -> None:
-        """Every job placed again: the config (queues, priorities) or a PriorityClass changed."""
+        """Every job placed again: the config (queues, priorities) or a PriorityClass changed. Jobs placed that the
+        caches no longer hold are dropped on the way (see QueueIndex.place)."""
+        placed = self.queues.placed()
         for kind, inf in self.jobs.items():
-            for namespace, name in inf.cached_keys():
-                self._place(Key(kind, namespace, name))
+            placed |= {Key(kind, namespace, name) for namespace, name in inf.cached_keys()}
+        for key in placed:
+            self._place(key)
 
     def _said_event(self, event: str, obj: JSON) -> None:
         """The autoscaler's words on a request: its job decides again (it may never fit)."""

@@ -83,6 +83,14 @@ class Rules:
     lookahead: int
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a job belongs now: held in `queue`, or admitted there (where a preemption may pick it)."""
+    queue: str
+    rules: Rules
+    job: Waiting | Running
+
+
 @dataclass
 class _Queue:
     rules: Rules
@@ -97,10 +105,32 @@ class QueueIndex:
         """`on_change(job)`: the job's turn changed (it may ask now, or must withdraw, or waits behind another)."""
         self._on_change = on_change
         self._lock = threading.Lock()
+        # One placement at a time, from its read of the caches to its write here. Several threads place jobs (the
+        # jobs' cache, the requests' cache, config and PriorityClass changes): without this, a placement read just
+        # before a job was deleted could land after the drop its deletion caused, and the deleted job would stay
+        # in its queue, ahead of everyone behind it, with no event left to remove it.
+        self._placing = threading.Lock()
         self._queues: dict[str, _Queue] = {}
         self._where: dict[Key, tuple[str, Waiting]] = {}
         self._running: dict[str, dict[Key, Running]] = {}  # queue -> its admitted jobs (for preemption)
         self._runs_in: dict[Key, str] = {}
+
+    def place(self, key: Key, decide: Callable[[], Placement | None]) -> None:
+        """The job's place as `decide` reads it from the caches now (None: in no queue), read and written as one
+        step with respect to every other placement."""
+        with self._placing:
+            found = decide()
+            if found is None:
+                self.drop(key)
+            elif isinstance(found.job, Running):
+                self.run(found.queue, found.job)
+            else:
+                self.put(found.queue, found.rules, found.job)
+
+    def placed(self) -> set[Key]:
+        """Every job placed: held or admitted."""
+        with self._lock:
+            return set(self._where) | set(self._runs_in)
 
     def put(self, queue: str, rules: Rules, job: Waiting) -> None:
         """A held job as it is now, in the queue its namespace maps to."""

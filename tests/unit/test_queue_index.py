@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import replace
 
 from raygate.core.keys import QueueStrategy as Strategy
 from raygate.core.objects import Key
 from raygate.core.queueing import Waiting
-from raygate.reconciler.queues import QueueIndex, Rules
+from raygate.reconciler.queues import Placement, QueueIndex, Rules
 
 STRICT = Rules(Strategy.STRICT_FIFO, 8)
 BEST = Rules(Strategy.BEST_EFFORT_FIFO, 8)
@@ -112,3 +113,37 @@ def test_the_job_behind_one_aside_is_told_when_the_job_it_names_goes() -> None:
     seen.clear()
     q.drop(Key("RayJob", "ns", "x"))  # deleted while it waited
     assert "y" in seen and q.turn(Key("RayJob", "ns", "y")).behind == "RayJob ns/w"  # type: ignore[union-attr]
+
+
+def test_a_placement_read_before_a_job_went_never_lands_after_its_drop() -> None:
+    """Two caches' threads place the same job: one read it just before it was deleted, the other placed it after.
+    The deleted job must not be left in its queue, ahead of everyone behind it, with no event to remove it."""
+    q, _ = index()
+    cache = {"gone": job("gone", 1)}  # the jobs' cache
+    key = Key("RayJob", "ns", "gone")
+    read, resume = threading.Event(), threading.Event()
+
+    def stale() -> Placement | None:  # the requests' thread: reads the job, then is descheduled
+        found = cache.get("gone")
+        read.set()
+        resume.wait(5)
+        return Placement("default", STRICT, found) if found else None
+
+    def current() -> Placement | None:  # the jobs' thread, on the DELETED event (its cache already updated)
+        found = cache.get("gone")
+        return Placement("default", STRICT, found) if found else None
+
+    first = threading.Thread(target=q.place, args=(key, stale))
+    first.start()
+    read.wait(5)
+    del cache["gone"]
+    second = threading.Thread(target=q.place, args=(key, current))
+    second.start()
+    second.join(0.3)  # serialized: it waits for the first placement to finish
+    resume.set()
+    first.join(5)
+    second.join(5)
+    assert key not in q.placed() and q.turn(key) is None
+    q.put("default", STRICT, job("behind", 2))
+    turn = q.turn(Key("RayJob", "ns", "behind"))
+    assert turn is not None and turn.front and turn.length == 1
