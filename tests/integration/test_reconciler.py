@@ -671,11 +671,15 @@ def test_leader_failover_standby_finishes_the_flow(env: Env) -> None:
     leader = env.leader()
     standby = "r2" if leader != "r2" else "r1"
     env.reconcilers.start(standby)
-    # The standby's caches sync; it must not take the lease while the leader lives.
-    consistently(lambda: env.leader() == leader, 2, f"{leader} to stay the leader while {standby} starts")
-    create(env, ns, rayjob("failover"))
-    pr = wait_request(env, ns, "failover", 1)
-    assert env.reconcilers.writes(standby) == 0, "a standby must not write"
+    try:
+        # The standby's caches sync; it must not take the lease while the leader lives.
+        consistently(lambda: env.leader() == leader, 2, f"{leader} to stay the leader while {standby} starts")
+        create(env, ns, rayjob("failover"))
+        pr = wait_request(env, ns, "failover", 1)
+        assert env.reconcilers.writes(standby) == 0, "a standby must not write"
+    except BaseException:
+        env.reconcilers.kill9(standby)  # one reconciler, as the tests after this one expect
+        raise
     env.reconcilers.kill9(leader)
     t0 = time.monotonic()
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
