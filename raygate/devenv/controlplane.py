@@ -73,6 +73,8 @@ CRD_ESTABLISHED_SECONDS = 180.0
 
 # Ports handed out by free_port: below the kernel's ephemeral range, where outgoing connections take theirs.
 LISTEN_PORTS_FROM = 10000
+PORT_TAKEN = "address already in use"  # what a process that lost its port to another listener says
+PORT_ATTEMPTS = 3
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -100,6 +102,14 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _etcd_healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+            return bool(resp.status == 200 and json.loads(resp.read()).get("health") == "true")
+    except (OSError, ValueError):
+        return False
 
 
 def require_free(port: int, what: str) -> int:
@@ -335,19 +345,28 @@ class ControlPlane:
         if existing is not None:
             self.down(log=False)  # stale or half-started: clear it before starting again
         t0 = time.monotonic()
-        state = State(
-            apiserver_port=require_free(apiserver_port, "kube-apiserver") if apiserver_port else free_port(),
-            etcd_port=free_port(),
-            etcd_peer_port=free_port(),
-        )
-        if gang:
-            state.extra[GANG_STATE] = "on"
-        self.save_state(state)
-        try:
-            self._start(state, kuberay=kuberay, audit=audit, profiling=profiling)
-        except BaseException:
-            self.down(log=False)
-            raise
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            state = State(
+                apiserver_port=require_free(apiserver_port, "kube-apiserver") if apiserver_port else free_port(),
+                etcd_port=free_port(),
+                etcd_peer_port=free_port(),
+            )
+            if gang:
+                state.extra[GANG_STATE] = "on"
+            self.save_state(state)
+            try:
+                self._start(state, kuberay=kuberay, audit=audit, profiling=profiling)
+                break
+            except RaygateError as err:
+                self.down(log=False)
+                # A port free when picked can be taken by another listener before its process binds it: pick again.
+                if PORT_TAKEN not in str(err) or attempt == PORT_ATTEMPTS:
+                    raise
+                if log:
+                    print(f"dev: a port was taken before it was bound ({err}); starting again on other ports")
+            except BaseException:
+                self.down(log=False)
+                raise
         if log:
             print(f"dev: control plane ready at https://127.0.0.1:{state.apiserver_port} "
                   f"in {time.monotonic() - t0:.1f}s; kubeconfig {self.kubeconfig}")
@@ -397,7 +416,7 @@ class ControlPlane:
             "--v=0",
             *(self._audit_args() if audit else []),
         ])
-        self.wait_for(state, "etcd", lambda: True, 1)
+        self.wait_for(state, "etcd", lambda: _etcd_healthy(state.etcd_port), 30)
         self.wait_for(state, "kube-apiserver", lambda: self._ready(state), 60)
         self.start_controller_manager(state)
         self.install_crds()

@@ -21,6 +21,7 @@ import yaml
 from procs import processes_mentioning
 from waiting import consistently, wait
 
+from raygate.devenv import controlplane
 from raygate.devenv.build import Bundle
 from raygate.devenv.controlplane import ControlPlane
 
@@ -380,6 +381,24 @@ def test_dev_up_twice_then_down_leaves_nothing(dev_dir: Path, bundle: Bundle) ->
         assert stat.rsplit(")", 1)[1].split()[0] == "Z", f"{name} (pid {pid}) survived `dev down`"
     assert processes_mentioning(str(dev_dir.resolve())) == []
     assert _run([*dev, "env"]).returncode != 0
+
+
+def test_a_port_taken_before_its_process_binds_it_is_picked_again(dev_dir: Path, bundle: Bundle,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another listener takes etcd's port between its pick and etcd's start: `up` starts again on other ports
+    instead of failing with kube-apiserver's "context deadline exceeded" 20 s later."""
+    real = controlplane.free_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([real(), busy])  # kube-apiserver's port, then etcd's
+        monkeypatch.setattr(controlplane, "free_port", lambda: next(picks, None) or real())
+        cp = ControlPlane(dev_dir, bundle)
+        state = cp.up(log=False)
+    assert "address already in use" in (dev_dir / "logs" / "etcd.log").read_text()
+    assert busy not in (state.apiserver_port, state.etcd_port, state.etcd_peer_port)
+    assert cp.kubectl("get", "crd", "rayjobs.ray.io", "-o", "name").strip()
 
 
 def _controller(obj: Obj) -> tuple[str, str] | None:
