@@ -262,13 +262,10 @@ class Controller:
         return Placement(name, rules_of(cfg.queues.get(name) or QueuePolicy()), job) if job is not None else None
 
     def _place_all(self) -> None:
-        """Every job placed again: the config (queues, priorities) or a PriorityClass changed. Jobs placed that the
-        caches no longer hold are dropped on the way (see QueueIndex.place)."""
-        placed = self.queues.placed()
+        """Every job placed again: the config (queues, priorities) or a PriorityClass changed."""
         for kind, inf in self.jobs.items():
-            placed |= {Key(kind, namespace, name) for namespace, name in inf.cached_keys()}
-        for key in placed:
-            self._place(key)
+            for namespace, name in inf.cached_keys():
+                self._place(Key(kind, namespace, name))
 
     def _said_event(self, event: str, obj: JSON) -> None:
         """The autoscaler's words on a request: its job decides again (it may never fit)."""

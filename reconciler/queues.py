@@ -127,11 +127,6 @@ class QueueIndex:
             else:
                 self.put(found.queue, found.rules, found.job)
 
-    def placed(self) -> set[Key]:
-        """Every job placed: held or admitted."""
-        with self._lock:
-            return set(self._where) | set(self._runs_in)
-
     def put(self, queue: str, rules: Rules, job: Waiting) -> None:
         """A held job as it is now, in the queue its namespace maps to."""
         with self._lock:
