@@ -484,9 +484,13 @@ def test_an_admitted_raycluster_grows_by_any_route_only_through_bookings(env: En
         env.as_alice("patch", *rc, "--type", "json", "-p", json.dumps(ops))
         assert_gate_holds(env, ns, seconds=2)
     # Server-side apply and another served version of the API take the same gate.
-    current = env.get(ns, "RayCluster", "grower")
-    current["spec"]["workerGroupSpecs"][0]["replicas"] = 4
-    env.as_alice("replace", "-n", ns, "-f", "-", input_obj=current)
+    def replace() -> bool:  # KubeRay writes the status meanwhile: a stale resourceVersion conflicts, so read again
+        current = env.get(ns, "RayCluster", "grower")
+        current["spec"]["workerGroupSpecs"][0]["replicas"] = 4
+        proc = env.as_alice("replace", "-n", ns, "-f", "-", input_obj=current, check=False)
+        assert proc.returncode == 0 or "the object has been modified" in proc.stderr, proc.stderr
+        return proc.returncode == 0
+    wait(replace, 30, "alice's replace to land")
     env.as_alice("patch", "rayclusters.v1alpha1.ray.io", "grower", "-n", ns, "--type", "json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/workerGroupSpecs/3/replicas", "value": 3}]))
     assert_gate_holds(env, ns)

@@ -100,7 +100,6 @@ def test_a_provisioned_job_holds_its_capacity_so_the_next_job_asks_meanwhile() -
     assert turns(ordered(queue), Strategy.STRICT_FIFO, 8)[("RayJob", "ns", "q3")].behind == "RayJob ns/q2"
 
 
-
 def test_priority_classes_by_name_and_the_global_default_for_a_job_that_names_none() -> None:
     listed = [{"metadata": {"name": "low"}, "value": 10},
               {"metadata": {"name": "usual"}, "value": 100, "globalDefault": True},
