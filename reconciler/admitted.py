@@ -18,7 +18,7 @@ from raygate.core.objects import JSON, get
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
 from raygate.core.workload import ManifestError, PodSet, Workload
 from raygate.reconciler import children, gating
-from raygate.reconciler.held import preempted, requeue
+from raygate.reconciler.held import requeue
 from raygate.reconciler.plan import (
     GROUP_GONE_RECHECK_SECONDS,
     Action,
@@ -41,6 +41,7 @@ from raygate.reconciler.plan import (
     patch_step,
     template_refs,
 )
+from raygate.reconciler.queue_turn import preempted
 
 
 def admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None) -> Plan:

@@ -1,27 +1,27 @@
 """The held job's state machine: Pending -> Provisioning -> Admitted, with retries, or Failed.
 
 Per attempt n a job has one ProvisioningRequest, named `<job>-<hash>-a<n>`. The job's annotations say
-which request is current; any other request the job owns is stale and is deleted. Pure: (job, observed
-children, rules, now) -> plan.
+which request is current; any other request the job owns is stale and is deleted. What the job books is
+needs.py's; what its turn in its queue makes it do (wait, withdraw, preempt), queue_turn.py's. Pure: (job,
+observed children, rules, now) -> plan.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, replace
 
-from raygate.core import booking, identity, keys, limits, podgate, preemption
-from raygate.core import quantity as q
+from raygate.core import booking, identity, keys, podgate
 from raygate.core.conditions import Condition, conditions
 from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupRules, GroupSpec, GroupsWithPrerequisite, ObjectRules, Prerequisite
 from raygate.core.objects import get
-from raygate.core.patch import PatchBuilder, pointer
+from raygate.core.patch import pointer
 from raygate.core.policy import NamespacePolicy
 from raygate.core.times import parse_time, precise_timestamp, timestamp
-from raygate.core.workload import ManifestError, PodSet, Workload
+from raygate.core.workload import ManifestError, Workload
 from raygate.reconciler import children
 from raygate.reconciler.children import BadInput
+from raygate.reconciler.needs import Needs, needs_of
 from raygate.reconciler.plan import (
     GENERATION_PATH,
     GROUP_GONE_RECHECK_SECONDS,
@@ -33,8 +33,6 @@ from raygate.reconciler.plan import (
     Observed,
     Outcome,
     Plan,
-    Preempt,
-    Preempting,
     Step,
     annotation,
     builder,
@@ -46,6 +44,16 @@ from raygate.reconciler.plan import (
     patch_step,
     positive_int,
 )
+from raygate.reconciler.queue_turn import (
+    became_front,
+    front_of_queue,
+    not_provisioned_since,
+    queued,
+    round_of,
+    waits_its_turn,
+    where,
+    withdraw,
+)
 
 PREREQUISITE_RECHECK_SECONDS = 10.0
 
@@ -54,49 +62,6 @@ PREREQUISITE_RECHECK_SECONDS = 10.0
 ENDED_BEFORE_ADMISSION = {booking.FAILED: "failed",
                           booking.BOOKING_EXPIRED: "lost its booking before the job was admitted",
                           booking.CAPACITY_REVOKED: "lost its capacity before the job was admitted"}
-
-
-
-@dataclass(frozen=True)
-class Needs:
-    """What one held job needs: the pod sets that go into a request, and its mode's group object (built by
-    its ObjectRules.group).
-
-    (Not workload.Gang, the whole gang of a job: these are the parts of it raygate books.)"""
-
-    managed: tuple[PodSet, ...]
-    provision: bool
-    group: GroupSpec | None
-    fingerprint: str = ""  # of the managed pod sets: what a request for them books
-
-    def request_name(self, w: Workload, attempt: int, rounds: int = 0) -> str:
-        return children.request_name(w, attempt, self.fingerprint, rounds)
-
-
-
-def needs_of(w: Workload, rules: ObjectRules) -> Needs:
-    """Raises BadInput for a job that cannot be admitted as written."""
-    policy = rules.policy
-    try:
-        gang = w.gang()
-    except ManifestError as err:
-        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
-    managed = tuple(gang.managed_pod_sets(policy.manages))
-    try:
-        group = rules.group.recorded(w) if rules.group is not None else None
-    except ManifestError as err:
-        raise BadInput(str(err)) from None
-    # The webhook refused these at create and on update; checked again before anything is asked of the
-    # autoscaler (a job held before a limit was lowered, or past a webhook that was down).
-    problems = booking.refusals(policy, gang) if rules.books else []
-    if problems := [*problems, *limits.problems(w.namespace, policy, gang, books=rules.books)]:
-        raise BadInput("; ".join(problems))
-    try:
-        fingerprint = children.fingerprint(w, managed)
-    except ManifestError as err:
-        raise BadInput(f"raygate cannot read this {w.kind}: {err}") from None
-    return Needs(managed, rules.books and bool(managed), group, fingerprint)
-
 
 
 def prerequisite_to_check(w: Workload, rules: ObjectRules, obs: Observed) -> Prerequisite | None:
@@ -111,12 +76,11 @@ def prerequisite_to_check(w: Workload, rules: ObjectRules, obs: Observed) -> Pre
         return None
 
 
-
 def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None) -> Plan:
     policy = rules.policy
     try:
         needs = needs_of(w, rules)
-        attempt, rounds = _pending_attempt(w), _rounds(w)
+        attempt, rounds = _pending_attempt(w), round_of(w)
         name = needs.request_name(w, attempt, rounds)
         plan = Plan(delete_requests(obs, keep=name if needs.provision else None))
         if needs.group is not None and rules.group is not None:
@@ -126,7 +90,7 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
         if not needs.provision:
             return _admit(w, plan, None, rules, needs, now)
         if obs.turn is not None and not obs.turn.may_ask:
-            return _queued(w, obs, plan)
+            return queued(w, obs, plan)
         plan.actions += _ensure_request(w, obs, policy, needs, attempt, version, rounds)
     except BadInput as err:
         return fail(w, obs, rules, str(err))
@@ -135,7 +99,7 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
     b.set(annotation(keys.REQUEST_ANNOTATION), name)
     b.set(annotation(keys.ATTEMPT_ANNOTATION), str(attempt))
     counts = ", ".join(f"{p.name} x{p.count}" for p in needs.managed)
-    b.set(annotation(keys.REASON_ANNOTATION), _where(obs) + f"waiting for ProvisioningRequest {name} "
+    b.set(annotation(keys.REASON_ANNOTATION), where(obs) + f"waiting for ProvisioningRequest {name} "
           f"({policy.provisioning.class_name}; {counts}) to be Provisioned")
     b.remove(annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
@@ -145,11 +109,10 @@ def pending(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, ve
     # front of its queue, one normal Event.
     plan.actions.append(patch_step(b, Step.PROVISIONING))
     if obs.turn is not None and obs.turn.front:
-        plan.actions.append(_front_of_queue(w, obs))
+        plan.actions.append(front_of_queue(w, obs))
     plan.requeue(policy.provisioning.provisioned_timeout_seconds)
     plan.outcome = Outcome.REQUESTED
     return plan
-
 
 
 def _ensure_group(w: Workload, obs: Observed, rules: ObjectRules, spec: GroupSpec, group: GroupRules,
@@ -186,7 +149,6 @@ def _ensure_group(w: Workload, obs: Observed, rules: ObjectRules, spec: GroupSpe
     return None
 
 
-
 def _pending_attempt(w: Workload) -> int:
     """The attempt a Pending job starts: the one a requeue or a replaced request recorded, else 1.
 
@@ -197,7 +159,6 @@ def _pending_attempt(w: Workload) -> int:
     if attempt and w.annotations.get(keys.REQUEST_ANNOTATION):
         return attempt
     return 1
-
 
 
 def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: Needs, attempt: int,
@@ -220,7 +181,6 @@ def _ensure_request(w: Workload, obs: Observed, policy: NamespacePolicy, needs: 
     if obs.request(name_of(pr)) is None:
         actions.append(Create(ChildKind.PROVISIONING_REQUEST, pr))
     return actions
-
 
 
 def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, needs: Needs,
@@ -282,7 +242,6 @@ def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, nee
     return plan
 
 
-
 def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime,
                   version: str | None) -> Plan:
     policy = rules.policy
@@ -294,7 +253,7 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
         needs = needs_of(w, rules)
     except BadInput as err:
         return fail(w, obs, rules, str(err))
-    rounds = _rounds(w)
+    rounds = round_of(w)
     if name != needs.request_name(w, attempt, rounds):
         return _replace(w, obs, rules, now, version, name)
     plan = Plan(delete_requests(obs, keep=name))
@@ -312,7 +271,7 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
         return plan
     pr = obs.request(name)
     if obs.turn is not None and not obs.turn.may_ask and (pr is None or not booking.provisioned(pr)):
-        return _withdraw(w, obs, needs, attempt, rounds, "another job is ahead of it now")
+        return withdraw(w, obs, needs, attempt, rounds, "another job is ahead of it now")
     if pr is None:
         try:
             plan.actions += _ensure_request(w, obs, policy, needs, attempt, version, rounds)
@@ -329,12 +288,12 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
     if get(pr, ("metadata", "annotations", keys.POD_SETS_ANNOTATION)) != needs.fingerprint:
         return _replace(w, obs, rules, now, version, name)  # it books other pod sets than the job has now
     if booking.provisioned(pr):
-        if _became_front(w, obs):  # the jobs ahead went just before its booking came
-            plan.actions.append(_front_of_queue(w, obs))
+        if became_front(w, obs):  # the jobs ahead went just before its booking came
+            plan.actions.append(front_of_queue(w, obs))
         return _admit(w, plan, name, rules, needs, now)
     provisioned = cond.get(booking.PROVISIONED)
     if obs.turn is not None:
-        return _waits_its_turn(w, obs, rules, now, plan, needs, (attempt, rounds), provisioned)
+        return waits_its_turn(w, obs, rules, now, plan, needs, (attempt, rounds), provisioned)
     # provisionedTimeoutSeconds counts from the autoscaler's first answer that this request is not Provisioned,
     # recorded on the job. A request it has not answered is queued: the cluster-autoscaler takes one request
     # per loop, in no set order, so a new request would only join the same queue, behind a backoff.
@@ -358,14 +317,6 @@ def provisioning(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetim
     return plan
 
 
-
-def not_provisioned_since(w: Workload, request: str) -> dt.datetime | None:
-    """When the autoscaler first answered `request` not Provisioned, as recorded on the job (None: not yet)."""
-    name, _, when = str(w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) or "").partition(" ")
-    return parse_time(when) if name == request else None
-
-
-
 def _replace(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, version: str | None,
              old: str) -> Plan:
     """The job's pod sets changed while it was held: a request for the new ones, in the same attempt."""
@@ -376,7 +327,6 @@ def _replace(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, v
         plan.actions.append(Emit("PodSetsChanged", why, name=children.event_name(w, "PodSetsChanged", old)))
         plan.outcome = Outcome.REPLACED
     return plan
-
 
 
 def _retry_or_fail(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, attempt: int, name: str,
@@ -406,7 +356,6 @@ def _retry_or_fail(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datet
     return plan
 
 
-
 def requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, why: str, event_reason: str,
              *, suspend: bool = False) -> Plan:
     """Back to Pending with the next attempt: the job waits for a new request, suspended."""
@@ -428,206 +377,3 @@ def requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, wh
     return Plan([patch_step(b, Step.REQUEUE),
                  Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
                  *delete_requests(obs, keep=nxt)], outcome=Outcome.REQUEUED)
-
-
-# --- the queue ---------------------------------------------------------------------------------------
-
-def _rounds(w: Workload) -> int:
-    """How often the current attempt's request was withdrawn or asked again by the job's queue."""
-    if not w.annotations.get(keys.REQUEST_ANNOTATION):
-        return 0
-    return positive_int(w.annotations.get(keys.ROUND_ANNOTATION)) or 0
-
-
-def _where(obs: Observed) -> str:
-    """Where the job stands in its queue, as its reason starts (only what changes when the job's turn does)."""
-    if obs.turn is None:
-        return ""
-    if obs.turn.front:
-        return f"at the front of queue {obs.queue}: "
-    return f"trying while the front of queue {obs.queue} waits: "
-
-
-def _front_of_queue(w: Workload, obs: Observed) -> Emit:
-    return Emit("FrontOfQueue", f"at the front of queue {obs.queue}: it asks the cluster-autoscaler for its gang "
-                "first", name=children.event_name(w, "FrontOfQueue", w.uid))
-
-
-def _became_front(w: Workload, obs: Observed) -> bool:
-    """At the front of its queue now, and its reason does not say so yet: it asked while behind the front, and the
-    jobs ahead went. (One FrontOfQueue Event each: its name is the job's.)"""
-    return obs.turn is not None and obs.turn.front and \
-        not str(w.annotations.get(keys.REASON_ANNOTATION) or "").startswith(_where(obs))
-
-
-def _queued(w: Workload, obs: Observed, plan: Plan) -> Plan:
-    """Not its turn: it waits, with no request out, behind the job right ahead of it. (Its position is computed
-    when asked, `kubectl raygate status`: a queue that moves writes nothing to the jobs behind.)"""
-    turn = obs.turn
-    behind = turn.behind if turn is not None and turn.behind else "the jobs ahead of it"
-    reason = f"waiting in queue {obs.queue} behind {behind}"
-    if w.annotations.get(keys.REASON_ANNOTATION) != reason:
-        b = builder(w)
-        b.set(annotation(keys.REASON_ANNOTATION), reason)
-        plan.actions.append(patch_step(b, Step.HOLD))
-    plan.outcome = Outcome.QUEUED
-    return plan
-
-
-def _withdraw(w: Workload, obs: Observed, needs: Needs, attempt: int, rounds: int, why: str,
-              b: PatchBuilder | None = None) -> Plan:
-    """Its request goes, not Provisioned, and the job is Pending again (in the same attempt: it failed nothing).
-    Its next request has a new name, so the autoscaler takes it as new, without the backoff of the old one."""
-    nxt = needs.request_name(w, attempt, rounds + 1)
-    b = b or builder(w)
-    b.set(STATE_PATH, keys.State.PENDING.value)
-    b.set(annotation(keys.REQUEST_ANNOTATION), nxt)
-    b.set(annotation(keys.ROUND_ANNOTATION), str(rounds + 1))
-    b.set(annotation(keys.REASON_ANNOTATION), f"in queue {obs.queue}: {why}")
-    b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
-    return Plan([patch_step(b, Step.WITHDRAW), *delete_requests(obs, keep=nxt)], outcome=Outcome.WITHDRAWN)
-
-
-def _waits_its_turn(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, plan: Plan, needs: Needs,
-                    attempt_round: tuple[int, int], provisioned: Condition | None) -> Plan:
-    """A queued job's request that is out and not Provisioned. Waiting is not failing: an answer "not now"
-    (Provisioned=False) never gives up on the job. It asks again, with a new request, when capacity freed after
-    that answer (the front asks first then), or when the answer is provisionedTimeoutSeconds old (so the
-    autoscaler's backoff for one request never grows past it)."""
-    attempt, rounds = attempt_round
-    name = w.annotations.get(keys.REQUEST_ANNOTATION) or ""
-    if keys.NEVER_FITS_ANNOTATION in w.annotations:
-        plan.outcome = Outcome.WAITING  # out of the way, its request kept: the autoscaler tries it now and then
-        return plan
-    if provisioned is None or provisioned.true or not provisioned.reason:
-        # Not answered yet: its turn at the autoscaler. Having become the front meanwhile, it says so with the answer
-        # (below) or its admission: a patch of the reason now would cost a write per job in a burst.
-        plan.outcome = Outcome.WAITING
-        return plan
-    # The pinned autoscaler writes its answer anew on every loop (a fresh lastTransitionTime), so how long the
-    # job has waited counts from the first answer to this request, recorded on the job.
-    answered = parse_time(provisioned.last_transition)
-    since = not_provisioned_since(w, name) or now
-    timeout = rules.policy.provisioning.provisioned_timeout_seconds
-    stale = (now - since).total_seconds() >= timeout
-    if (answered is not None and obs.freed and obs.freed > timestamp(answered)) or stale:
-        return _withdraw(w, obs, needs, attempt, rounds, "capacity freed since the autoscaler's last answer: it "
-                         "asks again" if not stale else f"asks again after {timeout:g}s without capacity")
-    said = obs.said.get(name, "")
-    if said and booking.never_fits(said):
-        return _never_fits(w, obs, rules, name, said, plan)
-    if obs.preempt is not None and obs.turn is not None and obs.turn.front and \
-            (made_room := _preempt(w, obs, obs.preempt, rules, now, plan)) is not None:
-        return made_room
-    msg = f": {provisioned.message}" if provisioned.message else ""
-    reason = _where(obs) + f"ProvisioningRequest {name} is not Provisioned ({provisioned.reason}){msg}; it waits " \
-        "for capacity to free" + (f" (cluster-autoscaler: {said})" if said else "")
-    recorded = f"{name} {precise_timestamp(since)}"
-    before = str(w.annotations.get(keys.REASON_ANNOTATION) or "")
-    if before != reason or w.annotations.get(keys.NOT_PROVISIONED_SINCE_ANNOTATION) != recorded:
-        b = builder(w)
-        b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
-        b.set(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION), recorded)
-        plan.actions.append(patch_step(b, Step.HOLD))
-        if _became_front(w, obs):
-            plan.actions.append(_front_of_queue(w, obs))
-    plan.requeue(timeout - (now - since).total_seconds())
-    plan.outcome = Outcome.WAITING
-    return plan
-
-
-def _preempt(w: Workload, obs: Observed, preempt: Preempting, rules: ObjectRules, now: dt.datetime,
-             plan: Plan) -> Plan | None:
-    """The front, answered "not now", in a queue that preempts: it suspends the fewest running jobs of lower
-    priority whose bookings cover its gang, and asks again once their pods are gone (capacity freed). None: it
-    waits as any front does (nobody to preempt, or it waits for those it preempted)."""
-    at, before = preemption.recorded(str(w.annotations.get(keys.PREEMPTING_ANNOTATION) or ""))
-    since = parse_time(at)
-    freed = parse_time(obs.freed)
-    # It waits for its victims' pods to go, however long KubeRay and the kubelets take: their room is on its way,
-    # and suspending another job for it would stop one more for nothing. Then it waits for the autoscaler to see
-    # the room (its first answers after that may still be "not now": its view of the nodes lags a loop or more),
-    # at most provisionedTimeoutSeconds, after which it may preempt again. A victim that ran no pod frees
-    # nothing: that wait counts from the preemption.
-    # Its record names each victim's uid: a job made anew under a victim's name runs on its own booking, and its
-    # pods are not the room the front is owed. (A record from before raygate recorded uids names jobs only.)
-    going = [str(v.key) for v in before if preempt.going.get(v.key) and v.is_current(preempt.uids)]
-    gone = freed is not None and since is not None and freed > since
-    start = freed if gone else since
-    timeout = rules.policy.provisioning.provisioned_timeout_seconds
-    if since is not None and start is not None and (
-            going or (left := timeout - (now - start).total_seconds()) > 0):
-        victims = ", ".join(str(v.key) for v in before)
-        hold(w, f"{_where(obs)}it preempted {victims} at {at} to make room; " + (
-            f"it waits for the pods of {', '.join(going)} to go" if going else
-            "their pods are gone, and it waits for the cluster-autoscaler to see the room" if gone else
-            "it asks the cluster-autoscaler again when their pods are gone"), "Preempting", plan, at)
-        plan.requeue(timeout if going else left)  # a pod going is an event too; this is the backstop
-        plan.outcome = Outcome.WAITING
-        return plan
-    try:
-        need = preemption.room(w, w.gang(), rules.policy.manages)
-    except ManifestError:
-        return None
-    chosen = preemption.victims(preempt.priority, need, preempt.running, now, preempt.min_run_seconds)
-    if not chosen:
-        return None
-    stamp = precise_timestamp(now)
-    names = [str(v.key) for v in chosen]
-    freeing = ", ".join(f"{r}={q.format_quantity(v)}" for r, v in sorted(preemption.totals([v.room for v in chosen])
-                                                                          .items()))
-    why = (f"{_where(obs)}the cluster-autoscaler has no room now: it preempted {', '.join(names)} (lower "
-           f"priority; their bookings hold {freeing}) and asks again when their pods are gone")
-    b = builder(w)
-    b.set(annotation(keys.PREEMPTING_ANNOTATION), preemption.record(stamp, [v.id for v in chosen]))
-    b.set(annotation(keys.REASON_ANNOTATION), why[:1000])
-    suspend = ({"op": "test", "path": pointer(STATE_PATH), "value": keys.State.ADMITTED.value},
-               {"op": "add", "path": "/spec/suspend", "value": True},
-               {"op": "add", "path": pointer(annotation(keys.PREEMPTED_BY_ANNOTATION)),
-                "value": preemption.preempted_by_record(preemption.JobId.of(w), stamp)})
-    plan.actions += [patch_step(b, Step.HOLD), *(Preempt(v.key, suspend) for v in chosen),
-                     Emit("Preempting", f"preempted {', '.join(names)} to make room for its gang",
-                          name=children.event_name(w, "Preempting", stamp))]
-    plan.outcome = Outcome.PREEMPTING
-    return plan
-
-
-def preempted(w: Workload, obs: Observed, rules: ObjectRules) -> Plan:
-    """Suspended by raygate to make room for a job of higher priority: back in its queue (by its own priority and
-    creation time, as any held job), behind that job, in the same attempt (it failed nothing); its booking goes
-    when its pods have."""
-    front, when = preemption.preempted_by(w.annotations.get(keys.PREEMPTED_BY_ANNOTATION, ""))
-    who = str(front.key) if front is not None else "a job"
-    try:
-        needs = needs_of(w, rules)
-    except BadInput as err:
-        return fail(w, obs, rules, str(err))
-    b = builder(w)
-    b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
-    why = f"preempted at {when} to make room for {who}, of higher priority; it waits in its queue again"
-    obs = replace(obs, queue=rules.policy.queue)  # a running job is in no queue until it is held again
-    plan = _withdraw(w, obs, needs, positive_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1, _rounds(w),
-                     why, b)
-    plan.actions.append(Emit("Preempted", f"suspended to make room for {who}, of higher priority", warning=True,
-                             name=children.event_name(w, "Preempted", when)))
-    plan.outcome = Outcome.PREEMPTED
-    return plan
-
-
-def _never_fits(w: Workload, obs: Observed, rules: ObjectRules, name: str, said: str, plan: Plan) -> Plan:
-    """The cluster-autoscaler says no node group could hold a pod of the job, as the node groups are. Its queue's
-    `neverFits` says what then: Fail, or Hold it out of the way of the jobs behind, its request kept (the
-    autoscaler keeps trying it, so a node group added or grown later still runs it)."""
-    why = f"no node group of the cluster-autoscaler can hold its pods ({said})"
-    if obs.never_fits is keys.NeverFits.FAIL:
-        return fail(w, obs, rules, f"ProvisioningRequest {name}: {why}", event_reason="NeverFits",
-                    restartable=True)
-    b = builder(w)
-    b.set(annotation(keys.NEVER_FITS_ANNOTATION), said[:500])
-    b.set(annotation(keys.REASON_ANNOTATION), f"{why}; it stays held, out of the way of the jobs behind it in queue "
-          f"{obs.queue}, until the node groups change or it is deleted")
-    plan.actions += [patch_step(b, Step.HOLD),
-                     Emit("NeverFits", f"{why}: held out of queue {obs.queue}'s way", warning=True,
-                          name=children.event_name(w, "NeverFits", name))]
-    plan.outcome = Outcome.WAITING
-    return plan

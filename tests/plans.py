@@ -13,8 +13,8 @@ from raygate.core import keys
 from raygate.core.modes import for_object
 from raygate.core.policy import NamespacePolicy
 from raygate.core.workload import Workload
-from raygate.reconciler import decision, held
-from raygate.reconciler.held import Needs
+from raygate.reconciler import decision, needs
+from raygate.reconciler.needs import Needs
 from raygate.reconciler.plan import Create, Delete, Emit, Observed, PatchChild, PatchJob, Plan, Preempt, ReleasePod
 
 
@@ -57,4 +57,4 @@ def decide(w: Workload, obs: Observed, policy: NamespacePolicy, now: dt.datetime
 
 
 def needs_of(w: Workload, policy: NamespacePolicy) -> Needs:
-    return held.needs_of(w, for_object(policy, w.annotations))
+    return needs.needs_of(w, for_object(policy, w.annotations))
