@@ -110,6 +110,10 @@ class PodIndex:
         self._on_unowned = on_unowned
         self._on_consumers = on_consumers
         self._lock = threading.Lock()
+        # Held from a pod's owner read out of the job caches to its write here, on the pods' thread and the jobs'
+        # (reresolve): otherwise an owner read just before its job went could be written after the job's
+        # reresolve ran, and the pod would stay filed under a deleted job, its "why" unsaid until a resync.
+        self._resolving = threading.Lock()
         self._seen: dict[PodKey, Seen] = {}
         # The order pods were first seen in (a watch delivers them in the order they were written): first come,
         # first served among pods created in the same second, whose creationTimestamps cannot tell them apart.
@@ -167,29 +171,33 @@ class PodIndex:
         """The Ray object recorded as these pods' came, changed or went: whose booking they use is asked again.
         Returns the gated ones no Ray object in the caches can book now (the worker says why, or lifts the gate
         of one recorded as no Ray object's)."""
-        with self._lock:
-            pods = sorted(self._recorded.get(Key(kind, namespace, name), set()))
+        changed: set[Key] = set()
         unowned = []
-        for key in pods:
-            pod = self.get(key)
-            if pod is None:
-                continue
-            owner = self.owner(pod)
+        with self._resolving:
             with self._lock:
-                seen = self._seen.get(key)
-                if seen is None:
+                pods = sorted(self._recorded.get(Key(kind, namespace, name), set()))
+            for key in pods:
+                pod = self.get(key)
+                if pod is None:
                     continue
-                before = seen.owner
-                if before != owner:
-                    if before is not None:
-                        self._of.get(before, set()).discard(key)
-                    if owner is not None:
-                        self._of.setdefault(owner, set()).add(key)
-                    self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in, seen.bound)
-            for changed in {before, owner} - {None} if before != owner else set():
-                self._on_change(changed)  # type: ignore[arg-type]
-            if owner is None and seen.gated:
-                unowned.append(key)
+                owner = self.owner(pod)
+                with self._lock:
+                    seen = self._seen.get(key)
+                    if seen is None:
+                        continue
+                    before = seen.owner
+                    if before != owner:
+                        if before is not None:
+                            self._of.get(before, set()).discard(key)
+                        if owner is not None:
+                            self._of.setdefault(owner, set()).add(key)
+                        self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in,
+                                               seen.bound)
+                        changed |= {before, owner} - {None}  # type: ignore[arg-type]
+                if owner is None and seen.gated:
+                    unowned.append(key)
+        for job in changed:
+            self._on_change(job)
         return unowned
 
     # --- events ----------------------------------------------------------------------------------
@@ -197,37 +205,39 @@ class PodIndex:
         key = PodKey(meta_str(obj, "namespace"), meta_str(obj, "name"))
         gone = event == "DELETED"
         consumes = get(obj, ("metadata", "annotations", keys.CONSUME_ANNOTATION))
-        owner = None if gone else self.owner(obj)
-        now = Seen(owner, podgate.gated(obj), not gone and runs(obj), consumes if isinstance(consumes, str) else None,
-                   None if gone else bound_in(obj), bool(get(obj, ("spec", "nodeName"))))
         recorded = recorded_owner(obj)
         by_record = Key(recorded.kind, key.namespace, recorded.name) if recorded is not None else None
-        with self._lock:
-            before = self._seen.pop(key, None)
-            touched = {c for c in (before.consumes if before else None, now.consumes) if c}
-            had = {c: bool(self._consuming.get((key.namespace, c))) for c in touched}
-            if before is not None:
-                if before.owner is not None:
-                    self._of.get(before.owner, set()).discard(key)
-                self._count(key, before, -1)
-            if by_record is not None:
+        with self._resolving:
+            owner = None if gone else self.owner(obj)  # the caches' locks, never under self._lock
+            now = Seen(owner, podgate.gated(obj), not gone and runs(obj),
+                       consumes if isinstance(consumes, str) else None, None if gone else bound_in(obj),
+                       bool(get(obj, ("spec", "nodeName"))))
+            with self._lock:
+                before = self._seen.pop(key, None)
+                touched = {c for c in (before.consumes if before else None, now.consumes) if c}
+                had = {c: bool(self._consuming.get((key.namespace, c))) for c in touched}
+                if before is not None:
+                    if before.owner is not None:
+                        self._of.get(before.owner, set()).discard(key)
+                    self._count(key, before, -1)
+                if by_record is not None:
+                    if gone:
+                        self._recorded.get(by_record, set()).discard(key)
+                        if not self._recorded.get(by_record):
+                            self._recorded.pop(by_record, None)
+                    else:
+                        self._recorded.setdefault(by_record, set()).add(key)
                 if gone:
-                    self._recorded.get(by_record, set()).discard(key)
-                    if not self._recorded.get(by_record):
-                        self._recorded.pop(by_record, None)
+                    self._arrived.pop(key, None)
                 else:
-                    self._recorded.setdefault(by_record, set()).add(key)
-            if gone:
-                self._arrived.pop(key, None)
-            else:
-                self._arrived.setdefault(key, next(self._arrivals))
-                self._seen[key] = now
-                if owner is not None:
-                    self._of.setdefault(owner, set()).add(key)
-                self._count(key, now, +1)
-            if not now.gated:
-                self._released.pop(key, None)
-            flipped = [c for c in touched if had[c] != bool(self._consuming.get((key.namespace, c)))]
+                    self._arrived.setdefault(key, next(self._arrivals))
+                    self._seen[key] = now
+                    if owner is not None:
+                        self._of.setdefault(owner, set()).add(key)
+                    self._count(key, now, +1)
+                if not now.gated:
+                    self._released.pop(key, None)
+                flipped = [c for c in touched if had[c] != bool(self._consuming.get((key.namespace, c)))]
         for request in flipped:
             self._on_consumers(key.namespace, request)
         if now != before:
