@@ -120,7 +120,7 @@ class Stack:
         from free nodes."""
         for kind, name in objects:
             self.kube.delete(RAYJOBS if kind == keys.RAYJOB_KIND else RAYCLUSTERS, name, ns)
-        wait(lambda: not self.kube.list(PODS, ns).get("items"), 90, f"the pods in {ns} to go", interval=0.5)
+        wait(lambda: not self.kube.list(PODS, ns).get("items"), 180, f"the pods in {ns} to go", interval=0.5)
 
 
 def gpu_pods(pods: list[JSON]) -> list[JSON]:
