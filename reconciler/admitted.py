@@ -16,10 +16,12 @@ from raygate.core.keys import ChildKind
 from raygate.core.modes import GroupsAtThePod, GroupsWithDrift, ObjectRules
 from raygate.core.objects import JSON, get
 from raygate.core.policy import CapacityRevokedAction, NamespacePolicy
+from raygate.core.times import timestamp
 from raygate.core.workload import ManifestError, PodSet, Workload
 from raygate.reconciler import children, gating
 from raygate.reconciler.held import requeue
 from raygate.reconciler.plan import (
+    GENERATION_PATH,
     GROUP_GONE_RECHECK_SECONDS,
     Action,
     Create,
@@ -59,6 +61,7 @@ def admitted(w: Workload, obs: Observed, rules: ObjectRules, now: dt.datetime, v
         _gate(w, obs, rules, plan, version, now)
     else:
         _ungate(w, obs, plan)
+    _note_resumed(w, plan, now)
     pr = obs.request(name) if name else None
     revoked = conditions(pr).get(booking.CAPACITY_REVOKED) if pr is not None else None
     if revoked is None or not revoked.true or name is None:
@@ -94,6 +97,25 @@ def _group_rewritten(w: Workload, obs: Observed, rules: ObjectRules) -> Plan | N
     plan.outcome = Outcome.GROUP_REWRITTEN
     return plan
 
+
+
+def _note_resumed(w: Workload, plan: Plan, now: dt.datetime) -> None:
+    """Note when KubeRay took up the unsuspend of an admitted RayCluster, once per admission.
+
+    The note is also a wake-up. KubeRay's reconcile that sees the unsuspend of a cluster it had suspended only
+    clears its Suspended condition; having written its status, it creates the pods on its next pass, which its
+    2 s requeue schedules. Its watch passes annotation changes, so this write starts that pass at once.
+    """
+    if w.kind != keys.RAYCLUSTER_KIND or keys.RESUMED_AT_ANNOTATION in w.annotations:
+        return
+    suspended = conditions(w.obj).get(keys.RAYCLUSTER_SUSPENDED_CONDITION)
+    seen = get(w.obj, ("status", "observedGeneration")) == get(w.obj, GENERATION_PATH)
+    if (suspended is None or suspended.true or not seen
+            or get(w.obj, ("status", "state")) != keys.RAYCLUSTER_SUSPENDED_STATE):
+        return
+    b = builder(w)
+    b.set(annotation(keys.RESUMED_AT_ANNOTATION), timestamp(now))
+    plan.actions.append(patch_step(b, Step.RESUMED))
 
 
 def _ungate(w: Workload, obs: Observed, plan: Plan) -> None:

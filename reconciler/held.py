@@ -221,6 +221,7 @@ def _admit(w: Workload, plan: Plan, request: str | None, rules: ObjectRules, nee
     b.remove(annotation(keys.PREEMPTED_BY_ANNOTATION))
     b.remove(annotation(keys.PREEMPTING_ANNOTATION))
     b.set(annotation(keys.ADMITTED_AT_ANNOTATION), timestamp(now))
+    b.remove(annotation(keys.RESUMED_AT_ANNOTATION))  # a run before this one's
     b.remove(annotation(keys.NEXT_ATTEMPT_ANNOTATION))
     b.remove(annotation(keys.NOT_PROVISIONED_SINCE_ANNOTATION))
     if request is not None:
@@ -374,6 +375,7 @@ def requeue(w: Workload, obs: Observed, rules: ObjectRules, name: str | None, wh
     b.set(annotation(keys.REASON_ANNOTATION), reason[:1000])
     b.remove(annotation(keys.ROUND_ANNOTATION))
     b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
+    b.remove(annotation(keys.RESUMED_AT_ANNOTATION))
     return Plan([patch_step(b, Step.REQUEUE),
                  Emit(event_reason, reason, warning=True, name=children.event_name(w, event_reason, name or "")),
                  *delete_requests(obs, keep=nxt)], outcome=Outcome.REQUEUED)

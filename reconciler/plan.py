@@ -50,6 +50,7 @@ class Step(StrEnum):
     SCALE_UP = "scale-up"  # admitted, with a new word on the pods its scale-up books
     WITHDRAW = "withdraw"  # its queue took its request back: Pending again
     UNGATE = "ungate"  # admitted where pods are no longer gated: the gate taken out of its pod templates
+    RESUMED = "resumed"  # KubeRay took up the unsuspend of an admitted RayCluster: noted, which wakes KubeRay
 
 
 

@@ -214,6 +214,7 @@ def preempted(w: Workload, obs: Observed, rules: ObjectRules) -> Plan:
         return fail(w, obs, rules, str(err))
     b = builder(w)
     b.remove(annotation(keys.ADMITTED_AT_ANNOTATION))
+    b.remove(annotation(keys.RESUMED_AT_ANNOTATION))
     why = f"preempted at {when} to make room for {who}, of higher priority; it waits in its queue again"
     obs = replace(obs, queue=rules.policy.queue)  # a running job is in no queue until it is held again
     plan = withdraw(w, obs, needs, positive_int(w.annotations.get(keys.ATTEMPT_ANNOTATION)) or 1, round_of(w),

@@ -33,6 +33,8 @@ NEXT_ATTEMPT_ANNOTATION = f"{DOMAIN}/next-attempt-after"
 # "<request> <time>": when the autoscaler first answered that request not Provisioned (its retry clock starts)
 NOT_PROVISIONED_SINCE_ANNOTATION = f"{DOMAIN}/not-provisioned-since"
 ADMITTED_AT_ANNOTATION = f"{DOMAIN}/admitted-at"
+# On an admitted RayCluster: when KubeRay took up its unsuspend (the write also wakes KubeRay; admitted.py).
+RESUMED_AT_ANNOTATION = f"{DOMAIN}/resumed-at"
 # On a ProvisioningRequest: the fingerprint of the pod sets it books (names, counts, templates).
 POD_SETS_ANNOTATION = f"{DOMAIN}/pod-sets"
 # The pod gate: every GPU pod of a Ray object is created with this scheduling gate (and this label,
@@ -132,6 +134,10 @@ RAY_PRIORITY_CLASS_LABEL = "ray.io/priority-class-name"
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"  # on every head and worker pod KubeRay creates (not overridable)
 RAY_GROUP_LABEL = "ray.io/group"  # the pod's group: headgroup or the worker group's name (not overridable)
+# A RayCluster's status condition, False once KubeRay saw it unsuspended (status.state still says "suspended"
+# until its pods come).
+RAYCLUSTER_SUSPENDED_CONDITION = "RayClusterSuspended"
+RAYCLUSTER_SUSPENDED_STATE = "suspended"
 KUBERAY_CREATED_BY = ("app.kubernetes.io/created-by", "kuberay-operator")  # on the batch Jobs KubeRay makes
 HEAD_GROUP_TASK = "headgroup"
 SUBMITTER_TASK = "submittergroup"

@@ -239,6 +239,9 @@ def test_a_raycluster_and_a_multi_host_job_are_provisioned_and_run_side_by_side(
         for pod in workers:
             node_labels = stack.nodes()[pod["spec"]["nodeName"]]["metadata"]["labels"]
             assert node_labels[NODE_GROUP_LABEL] == GPU_GROUP
+    # raygate noted when KubeRay took up the cluster's unsuspend (the write that wakes KubeRay's next pass).
+    annotations = stack.get(ns, keys.RAYCLUSTER_KIND, "serve")["metadata"]["annotations"]
+    assert annotations[keys.RESUMED_AT_ANNOTATION] >= annotations[keys.ADMITTED_AT_ANNOTATION]
     assert len(stack.group(GPU_GROUP)) <= LAYOUT.gpu_nodes_max
     stack.delete(ns, (keys.RAYCLUSTER_KIND, "serve"), (keys.RAYJOB_KIND, "multihost"))
 
