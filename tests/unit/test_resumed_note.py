@@ -76,3 +76,13 @@ def test_a_requeued_cluster_loses_the_note_so_its_next_admission_notes_again() -
     after = applied(suspended, decide(suspended, obs, NamespacePolicy(), NOW))
     assert after["metadata"]["labels"][keys.STATE_LABEL] == "Pending"
     assert keys.RESUMED_AT_ANNOTATION not in after["metadata"]["annotations"]
+
+
+def test_an_admission_drops_a_note_left_from_an_earlier_run() -> None:
+    """A cluster failed after it ran keeps its annotations; started over and admitted again, it is noted afresh."""
+    w, obs = admitted(status=kuberay_status(suspended="True"), **{keys.RESUMED_AT_ANNOTATION: "2029-12-31T00:00:00Z"})
+    held = Workload({**w.obj, "spec": {**w.obj["spec"], "suspend": True},
+                     "metadata": {**w.obj["metadata"], "labels": {keys.STATE_LABEL: "Provisioning"}}})
+    after = applied(held, decide(held, obs, NamespacePolicy(), NOW))
+    assert after["spec"]["suspend"] is False and after["metadata"]["labels"][keys.STATE_LABEL] == "Admitted"
+    assert keys.RESUMED_AT_ANNOTATION not in after["metadata"]["annotations"]
