@@ -56,6 +56,9 @@ class Layout:
     provisioning_request_backoff: str = "2s"  # retry of a request that could not be provisioned [1m]
     scale_down_delay_after_add: str = "20s"  # [10m]
     scale_down_unneeded_time: str = "10s"  # [10m]
+    # A node found unremovable is simulated again after this [5m]. While a deleted Job's pod terminates, the autoscaler
+    # cannot find the pod's Job and holds its node as unremovable; with the default the node stayed 5 minutes.
+    unremovable_recheck: str = "20s"
     # Where it serves /metrics (its loop's own timings); port 0: a free one, not told to anyone.
     metrics_address: str = "127.0.0.1:0"
 
@@ -67,6 +70,7 @@ class Layout:
             f"--provisioning-request-max-backoff-time={self.provisioning_request_backoff}",
             f"--scale-down-delay-after-add={self.scale_down_delay_after_add}",
             f"--scale-down-unneeded-time={self.scale_down_unneeded_time}",
+            f"--unremovable-node-recheck-timeout={self.unremovable_recheck}",
             "--scale-down-delay-after-delete=0s", "--scale-down-delay-after-failure=5s",
             "--max-node-provision-time=2m", "--skip-nodes-with-local-storage=false",
             "--write-status-configmap=true", "--v=2",
