@@ -562,12 +562,17 @@ def test_kuberay_pods_carry_the_consume_annotations(env: Env) -> None:
 # --- what one object may ask, and how long a booking lives ------------------------------------------
 
 def admitted_with_pods(env: Env, ns: str, name: str, obj: JSON | None = None) -> tuple[JSON, list[JSON]]:
-    """A job admitted on its request (the test plays the autoscaler), and its pods as KubeRay made them."""
+    """A job admitted on its request (the test plays the autoscaler), and its pods once raygate released
+    them against it: until then no pod consumes the booking, and a job that ends then takes it along."""
     create(env, ns, obj or rayjob(name))
     pr = wait_request(env, ns, name, 1)
     set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
     wait_state(env, ns, name, "Admitted")
-    return pr, wait_pods(env, ns, name, 3)
+
+    def released() -> list[JSON] | None:
+        pods = wait_pods(env, ns, name, 3)
+        return pods if not any(pod_gated(p) for p in pods) else None
+    return pr, wait(released, 60, f"the pods of {ns}/{name} released", interval=0.5)
 
 
 def pod_gated(pod: JSON) -> bool:
