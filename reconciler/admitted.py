@@ -148,7 +148,9 @@ def _gate(w: Workload, obs: Observed, rules: ObjectRules, plan: Plan, version: s
                     desired={key: count for key, (count, _, _) in desired.items()},
                     room=policy.limits.max_pods - booked, most_per_request=policy.limits.max_request_pods,
                     most_pending=policy.limits.max_pending_scale_ups,
-                    made=made if at_pod is not None else None, closing=closing)
+                    made=made if at_pod is not None else None, closing=closing, now=now)
+    if g.gathering is not None:
+        plan.requeue(g.gathering)  # the rest of the pod set may not come: its pods go when the wait ends
     if at_pod is not None:
         plan.actions += _increments(w, obs, at_pod, g, made)
         plan.actions += [PatchChild(at_pod.kind_of(grp), name_of(grp), tuple(ops)) for grp in obs.groups

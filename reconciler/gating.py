@@ -14,6 +14,11 @@ request is Provisioned, a pending request larger than what still waits is replac
 right size; a Provisioned scale-up whose pods are all gone is deleted (a booking lives as long as
 its pods, and no longer).
 
+A pod set's gated pods are released together, once every pod its spec asks for is there, or once none has
+come for GATHER_SECONDS. KubeRay makes a gang's pods one by one; a pod released as it comes has the scheduler
+and its bind work on the same API server while KubeRay still creates the rest, which slows those creates. A pod
+that never comes (a quota, a create that keeps failing) holds the others back no longer than that.
+
 Where pods name a group that gang-schedules them (Kubernetes' PodGroup, spec.schedulingGroup), a group
 raygate has still to make (a scale-up's increment: made with minCount = the pods released into it) gets
 its gated pods released all together or not yet, and a group being deleted gets none.
@@ -21,7 +26,8 @@ its gated pods released all together or not yet, and a group being deleted gets 
 
 from __future__ import annotations
 
-from collections import defaultdict
+import datetime as dt
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +35,11 @@ from typing import Any
 from raygate.core import keys, podgate
 from raygate.core.booking import booking_done, ended, provisioned
 from raygate.core.objects import JSON, get, meta_str
+from raygate.core.times import parse_time
 
 Key = tuple[str, str]  # (pod set, placement digest)
+
+GATHER_SECONDS = 5.0  # how long a pod set's released pods wait for the rest of it after the newest came
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class GatePlan:
     waiting: dict[Key, int] = field(default_factory=dict)  # gated pods no Provisioned booking covers yet
     refused: list[str] = field(default_factory=list)  # why some waiting pods get no request (limits)
     consumed: list[str] = field(default_factory=list)  # Provisioned requests every booked pod of which is bound
+    gathering: float | None = None  # seconds until the pods held back for the rest of their pod set go anyway
 
 
 def slots(requests: Sequence[JSON], templates: Sequence[JSON]) -> list[Slots]:
@@ -110,7 +120,8 @@ def pending_scale_ups(scale_ups: Sequence[JSON], templates: Sequence[JSON]) -> d
 
 def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON], templates: Sequence[JSON],
          *, desired: Mapping[Key, int] | None = None, room: int, most_per_request: int, most_pending: int = 1 << 30,
-         made: frozenset[str] | None = None, closing: frozenset[str] = frozenset()) -> GatePlan:
+         made: frozenset[str] | None = None, closing: frozenset[str] = frozenset(),
+         now: dt.datetime | None = None) -> GatePlan:
     """Release what the bookings cover, book what they do not.
 
     `desired`: per (pod set, digest), the pods the object's spec runs now (KubeRay creates them one by one:
@@ -119,7 +130,8 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
     limits.maxRequestPods; `most_pending`: limits.maxPendingScaleUps, the scale-up requests of the object
     that may wait for the autoscaler at once. `made`: the groups that exist (None: pods name none raygate
     makes); `closing`: groups being deleted. A pod naming a group not made is released only with every gated
-    pod naming it; a pod naming a closing group is not released (its slot stays its own)."""
+    pod naming it; a pod naming a closing group is not released (its slot stays its own). `now`: releases wait
+    for the rest of their pod set (GATHER_SECONDS; None: each pod goes as it comes)."""
     out = GatePlan()
     desired = desired or {}
     free = slots([*requests, *scale_ups], templates)
@@ -150,6 +162,8 @@ def plan(pods: Sequence[Pod], requests: Sequence[JSON], scale_ups: Sequence[JSON
         out.release.append((p, s.request))
     if made is not None:
         _whole_groups(out, uncovered, made, closing)
+    if now is not None:
+        _gather(out, pods, desired, now)
     want = _wanted(desired, released, uncovered, unreadable)
     pending = pending_scale_ups(scale_ups, templates)
     scale_up_names = {meta_str(r, "name") for r in scale_ups}
@@ -237,6 +251,26 @@ def _whole_groups(out: GatePlan, uncovered: Mapping[Key, list[Pod]], made: froze
         else:
             kept.append((p, request))
     out.release = kept
+
+
+def _gather(out: GatePlan, pods: Sequence[Pod], desired: Mapping[Key, int], now: dt.datetime) -> None:
+    """Hold back the releases of pod sets the spec asks more pods of than there are, unless the newest of their
+    pods came GATHER_SECONDS ago or more. Held pods keep their slots: nothing is booked for them twice."""
+    there = Counter(p.pod_set for p in pods if p.runs)
+    asked: Counter[str] = Counter()
+    for (pod_set, _), count in desired.items():
+        asked[pod_set] += count
+    newest: dict[str, dt.datetime] = {}
+    for p in pods:
+        created = parse_time(p.created)
+        if p.runs and created is not None and (p.pod_set not in newest or created > newest[p.pod_set]):
+            newest[p.pod_set] = created
+    waits = {pod_set: GATHER_SECONDS - (now - newest[pod_set]).total_seconds() for pod_set in newest
+             if asked[pod_set] > there[pod_set]}
+    held = {p.pod_set for p, _ in out.release if waits.get(p.pod_set, 0) > 0}
+    if held:
+        out.release = [(p, r) for p, r in out.release if p.pod_set not in held]
+        out.gathering = min(waits[pod_set] for pod_set in held)
 
 
 def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | None = None, arrived: int = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raygate.core import keys
+from raygate.core.times import parse_time
 from raygate.reconciler import gating
 from raygate.reconciler.gating import Pod
 
@@ -177,3 +178,39 @@ def test_the_autoscalers_words_tell_never_from_not_now() -> None:
     assert not booking.never_fits("pod didn't trigger scale-up: 1 Insufficient nvidia.com/gpu, 1 max node group "
                                   "size reached")  # one group is only full: it may fit later
     assert not booking.never_fits("something else")
+
+
+# --- a pod set's pods go together ---------------------------------------------------------------------------
+
+def gathered(pods: list[Pod], desired: int, now: str, requests: list[dict[str, Any]] | None = None
+             ) -> gating.GatePlan:
+    at = parse_time(now)
+    assert at is not None
+    return gating.plan(pods, requests or [request("gang", 4, *PROVISIONED)], [], TEMPLATES,
+                       desired={("gpu", GPU_DIGEST): desired}, room=100, most_per_request=100, now=at)
+
+
+def test_a_gangs_pods_wait_for_the_rest_of_it_then_go_together() -> None:
+    first = [gated("a"), gated("b"), gated("c")]
+    waiting = gathered(first, 4, "2030-01-01T00:00:02Z")
+    assert waiting.release == []
+    assert waiting.gathering == gating.GATHER_SECONDS - 1  # the newest came a second ago
+    assert waiting.create == []  # their slots stay theirs: nothing is booked twice
+    everyone = gathered([*first, gated("d")], 4, "2030-01-01T00:00:02Z")
+    assert sorted(released_into(everyone)) == [(n, "gang") for n in "abcd"]
+    assert everyone.gathering is None
+
+
+def test_pods_that_the_rest_never_joins_go_after_the_wait() -> None:
+    late = gathered([gated("a"), gated("b")], 4, "2030-01-01T00:00:06Z")  # 5 s after the newest
+    assert sorted(released_into(late)) == [("a", "gang"), ("b", "gang")]
+    assert late.gathering is None
+
+
+def test_a_pod_set_that_has_every_pod_or_no_spec_count_goes_at_once() -> None:
+    running = [released("a", "gang"), released("b", "gang"), released("c", "gang")]
+    replaced = gathered([*running, gated("d")], 4, "2030-01-01T00:00:01Z")  # a pod made again
+    assert released_into(replaced) == [("d", "gang")]
+    unknown = gating.plan([gated("a")], [request("gang", 4, *PROVISIONED)], [], TEMPLATES, room=100,
+                          most_per_request=100, now=parse_time("2030-01-01T00:00:01Z"))
+    assert released_into(unknown) == [("a", "gang")]

@@ -731,6 +731,16 @@ def test_an_admitted_jobs_gated_pods_are_released_into_its_booking() -> None:
     assert not podgate.gated(after) and after["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == rname(w, 1)
 
 
+def test_an_admitted_jobs_first_pod_waits_for_its_group_and_goes_alone_when_the_rest_never_comes() -> None:
+    w, _ = admitted_with()
+    w, obs = admitted_with(gated_pod(w, "p1"))  # the spec asks for 2; KubeRay made 1 so far, at 12:00:01
+    soon = decide(w, obs, policy(), NOW + dt.timedelta(seconds=2))
+    assert not [a for a in soon.actions if isinstance(a, ReleasePod)]
+    assert soon.requeue_after is not None and soon.requeue_after <= gating.GATHER_SECONDS - 1
+    later = decide(w, obs, policy(), NOW + dt.timedelta(seconds=1 + gating.GATHER_SECONDS))
+    assert [a.name for a in later.actions if isinstance(a, ReleasePod)] == ["p1"]
+
+
 def test_where_pods_are_no_longer_gated_an_admitted_jobs_gated_pods_go_free_and_its_templates_lose_the_gate(
 ) -> None:
     """The namespace's config changed after admission (ProvisioningRequests turned off): nothing books its pods any
