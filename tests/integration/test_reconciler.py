@@ -40,6 +40,7 @@ from raygate.core.api import (
     RAYJOBS,
     RAYSERVICES,
     VOLCANO_QUEUES,
+    Resource,
     provisioning_requests,
 )
 from raygate.core.objects import JSON
@@ -51,9 +52,11 @@ from raygate.kube.client import JSON_PATCH, MERGE_PATCH, ApiError, Kube
 pytestmark = pytest.mark.integration
 
 SUFFIX = uuid.uuid4().hex[:5]
-NS = {k: f"rg-{k}-{SUFFIX}" for k in ("main", "retry", "timeout", "volcano", "revoke", "crash", "ray", "limits")}
+NS = {k: f"rg-{k}-{SUFFIX}" for k in ("main", "retry", "timeout", "volcano", "revoke", "crash", "ray", "limits",
+                                        "quota")}
 QUEUE = f"rg-queue-{SUFFIX}"
 PR = provisioning_requests("v1")
+RESOURCE_QUOTAS = Resource("", "v1", "resourcequotas", "ResourceQuota")
 LEASE_ARGS = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5", "--resync-seconds", "30")
 
 # Each namespace waits in a queue of its own: a job one test keeps held at the front of its queue (this module
@@ -612,6 +615,28 @@ def test_a_deleted_job_kept_by_a_finalizer_keeps_its_booking_while_its_pods_run(
     assert len(wait_pods(env, ns, "kept", 3)) == 3  # they did run all along
     env.kube.patch(RAYJOBS, "kept", {"metadata": {"finalizers": None}}, ns, content_type=MERGE_PATCH)
     wait(lambda: not request_exists(env, ns, name), 60, "the request to go with the job and its pods")
+
+
+@pytest.mark.kuberay
+def test_a_gang_kuberay_cannot_finish_runs_the_pods_it_has_after_the_wait(env: Env) -> None:
+    ns = NS["quota"]
+    # Room for the head and one of the two GPU workers: KubeRay's create of the other is refused, for good.
+    # No quota controller runs here, so the test writes the status the quota admission plugin counts from.
+    env.kube.create(RESOURCE_QUOTAS, {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "2"}}}, ns)
+    env.kube.request("PUT", RESOURCE_QUOTAS.path(ns, "two-pods", "status"), body={
+        "metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "2"}},
+        "status": {"hard": {"pods": "2"}, "used": {"pods": "0"}}})
+    create(env, ns, rayjob("short"))
+    pr = wait_request(env, ns, "short", 1)
+    set_conditions(env, ns, pr["metadata"]["name"], *PROVISIONED)
+    wait_state(env, ns, "short", "Admitted")
+
+    def released_worker() -> JSON | None:
+        gpu = [p for p in wait_pods(env, ns, "short", 2) if p["metadata"]["labels"].get("ray.io/group") == "gpu"]
+        return gpu[0] if len(gpu) == 1 and not pod_gated(gpu[0]) else None
+    worker = wait(released_worker, 30, "the one GPU worker there is released once its group stops coming",
+                  interval=0.5)
+    assert worker["metadata"]["annotations"][keys.CONSUME_ANNOTATION] == pr["metadata"]["name"]
 
 
 def test_a_huge_group_is_refused_at_create_and_on_update_and_nothing_is_requested(env: Env) -> None:
