@@ -112,9 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "until then: a gang's pods are released in a few reconciles, not one per pod event; 0 reconciles "
                    "on each (default: %(default)s)")
     p.add_argument("--pod-batch-max-seconds", type=_seconds, default=None,
-                   help="wait instead until a job's pods have been quiet for --pod-batch-seconds, at most this long: "
-                   "a gang is released whole once KubeRay has made it, which keeps the releases off its creates but "
-                   "starts the gang later (docs/benchmarks.md; default: no quiet wait)")
+                   help="wait instead until a job's pods have been quiet for --pod-batch-seconds, at most this long "
+                   "(default: no quiet wait; a worker group's pods are released together anyway, once KubeRay has "
+                   "made as many as its spec asks for, or 5 s after the newest came)")
     p.add_argument("--as", dest="impersonate", default=None, metavar="USER",
                    help="act as USER through impersonation, e.g. system:serviceaccount:raygate-system:"
                    "raygate-reconciler when run outside the cluster with admin credentials, so that RBAC and the "
