@@ -39,7 +39,7 @@ from raygate.core.times import parse_time
 
 Key = tuple[str, str]  # (pod set, placement digest)
 
-GATHER_SECONDS = 5.0  # how long a pod set's released pods wait for the rest of it after the newest came
+GATHER_SECONDS = 5.0  # how long a pod set's booked pods wait for the rest of it after the newest came
 
 
 @dataclass(frozen=True)
