@@ -226,9 +226,10 @@ def _wanted(desired: Mapping[Key, int], released: Mapping[Key, int], uncovered: 
     come with the spec's placement: an edit of where pods go books nothing for pods that exist already."""
     have = {k: released.get(k, 0) + len(uncovered.get(k, ())) for k in {*released, *uncovered}}
     out = {k: n for k, n in have.items() if n}
-    for pod_set in sorted({k[0] for k in desired}):
+    asked = _asked(desired)
+    for pod_set in sorted(asked):
         there = sum(n for k, n in have.items() if k[0] == pod_set) + unreadable.get(pod_set, 0)
-        to_come = sum(n for k, n in desired.items() if k[0] == pod_set) - there
+        to_come = asked[pod_set] - there
         for key in sorted(k for k in desired if k[0] == pod_set):
             extra = min(max(desired[key] - have.get(key, 0), 0), max(to_come, 0))
             if extra:
@@ -257,9 +258,7 @@ def _gather(out: GatePlan, pods: Sequence[Pod], desired: Mapping[Key, int], now:
     """Hold back the releases of pod sets the spec asks more pods of than there are, unless the newest of their
     pods came GATHER_SECONDS ago or more. Held pods keep their slots: nothing is booked for them twice."""
     there = Counter(p.pod_set for p in pods if p.runs)
-    asked: Counter[str] = Counter()
-    for (pod_set, _), count in desired.items():
-        asked[pod_set] += count
+    asked = _asked(desired)
     newest: dict[str, dt.datetime] = {}
     for p in pods:
         created = parse_time(p.created)
@@ -271,6 +270,14 @@ def _gather(out: GatePlan, pods: Sequence[Pod], desired: Mapping[Key, int], now:
     if held:
         out.release = [(p, r) for p, r in out.release if p.pod_set not in held]
         out.gathering = min(waits[pod_set] for pod_set in held)
+
+
+def _asked(desired: Mapping[Key, int]) -> Counter[str]:
+    """The pods the spec asks of each pod set, over all its templates."""
+    asked: Counter[str] = Counter()
+    for (pod_set, _), count in desired.items():
+        asked[pod_set] += count
+    return asked
 
 
 def pod_of(pod: Mapping[str, Any], digest: str, pod_set: str, unreadable: str | None = None, arrived: int = 0

@@ -193,7 +193,7 @@ class PodIndex:
                             self._of.setdefault(owner, set()).add(key)
                         self._seen[key] = Seen(owner, seen.gated, seen.runs, seen.consumes, seen.bound_in,
                                                seen.bound)
-                        changed |= {before, owner} - {None}  # type: ignore[arg-type]
+                        changed.update(k for k in (before, owner) if k is not None)
                 if owner is None and seen.gated:
                     unowned.append(key)
         for job in changed:
@@ -241,8 +241,8 @@ class PodIndex:
         for request in flipped:
             self._on_consumers(key.namespace, request)
         if now != before:
-            for changed in {before.owner if before else None, owner} - {None}:
-                self._on_change(changed)  # type: ignore[arg-type]
+            for changed in {k for k in (before.owner if before else None, owner) if k is not None}:
+                self._on_change(changed)
         if not gone and owner is None and now.gated and (before is None or before.owner is not None
                                                           or before.gated != now.gated):
             self._on_unowned(key)

@@ -483,7 +483,7 @@ def test_an_admitted_raycluster_grows_by_any_route_only_through_bookings(env: En
     ]:
         env.as_alice("patch", *rc, "--type", "json", "-p", json.dumps(ops))
         assert_gate_holds(env, ns, seconds=2)
-    # Server-side apply and another served version of the API take the same gate.
+    # A whole-object replace (PUT) and another served version of the API take the same gate.
     def replace() -> bool:  # KubeRay writes the status meanwhile: a stale resourceVersion conflicts, so read again
         current = env.get(ns, "RayCluster", "grower")
         current["spec"]["workerGroupSpecs"][0]["replicas"] = 4
