@@ -81,6 +81,13 @@ class WebhookServer(BaseApplication):  # type: ignore[misc]
             "certfile": o.cert_file,
             "keyfile": o.key_file,
             "ssl_context": gunicorn_ssl_context(o.cert_file, o.key_file),
+            # No peer may set the scheme or forward a path (gunicorn's defaults let a loopback peer do both);
+            # the webhook sits behind no proxy. With both lists empty, trusting every peer ("*") is trusting none,
+            # and spares gunicorn parsing the peer's address on every request to ask whether it is a proxy (7 % of
+            # a review's GIL-held time by py-spy). tests/unit/test_server_headers.py holds it.
+            "forwarded_allow_ips": "*",
+            "secure_scheme_headers": {},
+            "forwarder_headers": "",
             "accesslog": None,
             "errorlog": "-",
             "loglevel": "warning",
