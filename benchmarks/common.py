@@ -393,8 +393,13 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
         print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
         yield cp
     finally:
-        cp.down(log=False)
-        signal.signal(signal.SIGTERM, previous)
+        # A second SIGTERM must not cut the teardown short and leave the API server running: GNU timeout, for
+        # one, signals the command and then its whole process group, so the command gets two.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            cp.down(log=False)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         keep = os.environ.get("RAYGATE_BENCH_KEEP")
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -257,3 +257,14 @@ def test_the_pod_gate_benchmark_prints_each_side_and_what_the_api_server_timed(t
                   "kube-apiserver's CPU by what it did",
                   "GPU pods created one by one", "Targets"):
         assert title in out, f"{title!r} not printed"
+
+
+def test_a_benchmark_signalled_twice_still_stops_its_whole_control_plane() -> None:
+    proc = subprocess.run([sys.executable, "-m", "tests.apps.bench_interrupted"], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert proc.returncode != 0 and "KeyboardInterrupt: signal 15" in proc.stderr, proc.stderr[-3000:]
+    workdir = proc.stdout.split("workdir ", 1)[1].split()[0]
+    left = subprocess.run(["pgrep", "-f", workdir], capture_output=True, text=True).stdout.split()
+    for pid in left:  # the assertion below says so; nothing is left running for the next test
+        subprocess.run(["kill", "-9", pid], check=False)
+    assert left == [], f"still running from {workdir}: {left}"
