@@ -393,8 +393,8 @@ def control_plane(kuberay: bool = False, gang: bool = False, audit: bool = False
         print(f"bench: control plane up in {time.monotonic() - t0:.1f}s ({workdir})", flush=True)
         yield cp
     finally:
-        # A second SIGTERM must not cut the teardown short and leave the API server running: GNU timeout, for
-        # one, signals the command and then its whole process group, so the command gets two.
+        # A second SIGTERM (a supervisor that signals the process and then its group, an impatient user) must not
+        # cut the teardown short and leave the API server running.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             cp.down(log=False)
